@@ -1,0 +1,85 @@
+"""sandlot: run untrusted, LLM-generated Python in a real OS sandbox, fast, with rich results.
+
+::
+
+    from sandlot import Sandbox
+
+    with Sandbox() as sbx:
+        sbx.run_code("import pandas as pd; df = pd.DataFrame({'x': [1, 2, 3]})")
+        execution = sbx.run_code("df.x.sum()")
+        print(execution.text)  # 6
+
+The API mirrors ``e2b_code_interpreter``; see README.md.
+"""
+
+from sandlot._exceptions import (
+    BackendError,
+    BackendUnavailable,
+    ContextNotFoundError,
+    ExecutionFailed,
+    FileOperationError,
+    InvalidArgumentError,
+    IsolationUnavailable,
+    NotFoundError,
+    PolicyError,
+    ProtocolError,
+    SandboxClosed,
+    SandboxLost,
+    SandboxStartError,
+    SandlotError,
+    TemplateError,
+)
+from sandlot._models import (
+    CommandResult,
+    Context,
+    EntryInfo,
+    Execution,
+    ExecutionError,
+    FileType,
+    Logs,
+    OutputMessage,
+    Result,
+    WriteInfo,
+)
+from sandlot._sandbox import AsyncSandbox, Sandbox
+from sandlot.policy import Resources
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncSandbox",
+    "BackendError",
+    "BackendUnavailable",
+    "CommandResult",
+    "Context",
+    "ContextNotFoundError",
+    "EntryInfo",
+    "Execution",
+    "ExecutionError",
+    "ExecutionFailed",
+    "FileOperationError",
+    "FileType",
+    "InvalidArgumentError",
+    "IsolationUnavailable",
+    "Logs",
+    "NotFoundError",
+    "OutputMessage",
+    "PolicyError",
+    "ProtocolError",
+    "Resources",
+    "Result",
+    "Sandbox",
+    "SandboxClosed",
+    "SandboxLost",
+    "SandboxStartError",
+    "SandlotError",
+    "TemplateError",
+    "WriteInfo",
+    "__version__",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = "sandlot"
+del _name, _obj

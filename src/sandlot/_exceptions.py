@@ -1,0 +1,106 @@
+"""sandlot's exceptions: one tree, one root.
+
+::
+
+    SandlotError                    root: ``except sandlot.SandlotError`` catches all we raise
+    ├── InvalidArgumentError        bad input to an API call (path, language, size)   [exit 2]
+    ├── PolicyError                 an invalid or unsatisfiable policy/resources     [exit 2]
+    ├── TemplateError               a template is missing, broken or failed to build [exit 3]
+    ├── BackendError                the isolation layer failed                       [exit 4]
+    │   ├── BackendUnavailable      prerequisites missing (bwrap, user namespaces);
+    │   │                           the message says how to fix the host
+    │   ├── IsolationUnavailable    a layer the policy requires cannot be applied:
+    │   │                           sandlot refuses to run (fail closed)
+    │   └── SandboxStartError       the sandbox process did not come up
+    ├── SandboxLost                 the sandbox died outside a cell; it restarts on next use [exit 5]
+    ├── SandboxClosed               the sandbox was used after ``kill()``              [exit 5]
+    ├── ProtocolError               the runner sent something the protocol forbids     [exit 5]
+    ├── FileOperationError          a files.* call failed inside the sandbox           [exit 1]
+    │   └── NotFoundError           no such file or directory
+    ├── ContextNotFoundError        no such code context                               [exit 1]
+    └── ExecutionFailed             only from ``Execution.raise_for_error()``           [exit 1]
+
+Errors in user code, timeouts, out-of-memory kills and truncated output are
+*values* on :class:`sandlot.Execution`; ``run_code`` never raises them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from sandlot._models import Execution
+
+
+class SandlotError(Exception):
+    """Root of every exception sandlot raises."""
+
+    exit_code: ClassVar[int] = 1
+    """Process exit status the CLI uses for this error."""
+
+
+class InvalidArgumentError(SandlotError, ValueError):
+    exit_code = 2
+
+
+class PolicyError(SandlotError, ValueError):
+    exit_code = 2
+
+
+class TemplateError(SandlotError):
+    exit_code = 3
+
+
+class BackendError(SandlotError):
+    exit_code = 4
+
+
+class BackendUnavailable(BackendError):
+    """No backend can isolate code on this host; the message lists each reason and fix."""
+
+
+class IsolationUnavailable(BackendError):
+    """A layer the policy requires cannot be applied, so sandlot refuses to run."""
+
+
+class SandboxStartError(BackendError):
+    """The sandbox process exited or stayed silent while starting."""
+
+
+class SandboxLost(SandlotError):
+    """The sandbox went away while no cell was running (e.g. killed from outside)."""
+
+    exit_code = 5
+
+
+class SandboxClosed(SandlotError):
+    exit_code = 5
+
+
+class ProtocolError(SandlotError):
+    """The runner broke the wire protocol; the sandbox is killed and treated as hostile."""
+
+    exit_code = 5
+
+
+class FileOperationError(SandlotError):
+    """A files.* call failed inside the sandbox (permission, not a directory, ...)."""
+
+
+class NotFoundError(FileOperationError, FileNotFoundError):
+    """The file, directory or path does not exist inside the sandbox."""
+
+
+class ContextNotFoundError(SandlotError, KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "context not found"
+
+
+class ExecutionFailed(SandlotError):
+    """Raised by :meth:`Execution.raise_for_error`; carries the execution."""
+
+    def __init__(self, execution: Execution) -> None:
+        error = execution.error
+        detail = f"{error.name}: {error.value}" if error else execution.status
+        super().__init__(f"cell failed ({execution.status}): {detail}")
+        self.execution = execution

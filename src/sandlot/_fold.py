@@ -1,0 +1,159 @@
+"""Folding protocol events into result values (pure; shared by the sync and async SDKs).
+
+The runner enforces output limits itself, but it shares a sandbox with untrusted
+code, so the host enforces them again here and never trusts a count it was sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sandlot._models import (
+    CommandResult,
+    Execution,
+    ExecutionError,
+    ExecutionStatus,
+    OutputMessage,
+    Result,
+)
+from sandlot.policy import Resources
+
+TRUNCATION_MARKER = "\n[sandlot: output truncated: more than {limit} bytes of stdout/stderr]\n"
+# The runner's own marker and a partial UTF-8 sequence may push a cell a little over.
+_SLACK = 4096
+
+
+@dataclass(slots=True)
+class Callbacks:
+    on_stdout: Callable[[OutputMessage], Any] | None = None
+    on_stderr: Callable[[OutputMessage], Any] | None = None
+    on_result: Callable[[Result], Any] | None = None
+    on_error: Callable[[ExecutionError], Any] | None = None
+
+
+class ExecutionBuilder:
+    """Accumulates one cell's events into an :class:`Execution`, calling callbacks."""
+
+    def __init__(self, resources: Resources, callbacks: Callbacks | None = None) -> None:
+        self.execution = Execution()
+        self.callbacks = callbacks or Callbacks()
+        self._output_limit = resources.output_bytes
+        self._max_results = resources.max_results
+        self._result_bytes = resources.result_bytes
+        self._output_used = 0
+        self.finished = False
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind in ("stdout", "stderr"):
+            self._text(kind, event["text"])
+        elif kind == "result":
+            self._result(event)
+        elif kind == "error":
+            self.set_error(ExecutionError(event["name"], event["value"], event["traceback"]))
+        elif kind == "exit":
+            self._exit(event)
+
+    def _text(self, kind: str, text: str) -> None:
+        if self._output_limit is not None:
+            if self._output_used >= self._output_limit + _SLACK:
+                self.execution.truncated = True
+                return
+            size = len(text.encode("utf-8", "replace"))
+            room = self._output_limit + _SLACK - self._output_used
+            self._output_used += size
+            if size > room:
+                text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
+                text += TRUNCATION_MARKER.format(limit=self._output_limit)
+                self.execution.truncated = True
+        logs = self.execution.logs.stdout if kind == "stdout" else self.execution.logs.stderr
+        logs.append(text)
+        callback = self.callbacks.on_stdout if kind == "stdout" else self.callbacks.on_stderr
+        if callback is not None:
+            callback(OutputMessage(text, error=kind == "stderr"))
+
+    def _result(self, event: dict[str, Any]) -> None:
+        if self._max_results is not None and len(self.execution.results) >= self._max_results:
+            self.execution.truncated = True
+            return
+        if (
+            self._result_bytes is not None
+            and len(json.dumps(event["data"])) > self._result_bytes + _SLACK
+        ):
+            self.execution.truncated = True
+            return
+        result = Result.from_bundle(event["data"], is_main_result=event["is_main_result"])
+        self.execution.results.append(result)
+        if self.callbacks.on_result is not None:
+            self.callbacks.on_result(result)
+
+    def set_error(self, error: ExecutionError) -> None:
+        if self.execution.error is None:
+            self.execution.error = error
+            if self.callbacks.on_error is not None:
+                self.callbacks.on_error(error)
+
+    def _exit(self, event: dict[str, Any]) -> None:
+        self.finished = True
+        status: ExecutionStatus = event["status"]
+        self.execution.status = status
+        count = event.get("execution_count")
+        if isinstance(count, int) and not isinstance(count, bool):
+            self.execution.execution_count = count
+        if event.get("truncated") is True:
+            self.execution.truncated = True
+        if status != "ok" and self.execution.error is None:
+            # The runner always sends an error first; a hostile one might not.
+            self.set_error(ExecutionError("SandboxError", f"the cell ended with status {status}"))
+
+    def abort(self, status: ExecutionStatus, name: str, value: str) -> Execution:
+        """End the cell from the host side (sandbox lost, host-side timeout)."""
+        self.finished = True
+        self.execution.status = status
+        self.execution.error = None
+        self.set_error(ExecutionError(name, value))
+        return self.execution
+
+
+class CommandBuilder:
+    """Accumulates a command's events into a :class:`CommandResult`."""
+
+    def __init__(self, resources: Resources, callbacks: Callbacks | None = None) -> None:
+        self._inner = ExecutionBuilder(resources, callbacks)
+        self.exit_code = -1
+        self.error: str | None = None
+        self.finished = False
+
+    def add(self, event: dict[str, Any]) -> None:
+        if event["type"] == "exit":
+            self.finished = True
+            code = event.get("exit_code")
+            self.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else -1
+            if event["status"] == "timeout":
+                self.error = "timeout"
+            elif event["status"] not in ("ok", "error"):
+                self.error = event["status"]
+            if event.get("truncated") is True:
+                self._inner.execution.truncated = True
+            return
+        if event["type"] in ("stdout", "stderr"):
+            self._inner.add(event)
+
+    def abort(self, error: str) -> None:
+        self.finished = True
+        self.error = error
+
+    def result(self) -> CommandResult:
+        logs = self._inner.execution.logs
+        error = self.error
+        if error is None and self._inner.execution.truncated:
+            error = "output truncated"
+        return CommandResult(
+            stdout="".join(logs.stdout),
+            stderr="".join(logs.stderr),
+            exit_code=self.exit_code,
+            error=error,
+        )

@@ -1,0 +1,254 @@
+"""Result types: what ``run_code``, ``commands.run`` and ``files.*`` return.
+
+They mirror ``e2b_code_interpreter`` (names, fields, units) so that code written
+for E2B reads the same against sandlot. Everything here is a plain value: no I/O,
+no reference to a live sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+ExecutionStatus = Literal["ok", "error", "timeout", "oom", "interrupted", "died"]
+"""How a cell ended. ``error`` is an exception in user code; the others are limits or
+crashes, each also reported as an :class:`ExecutionError` with a distinct ``name``."""
+
+# MIME type -> Result attribute. Order is the order of ``Result.formats()``.
+MIME_FIELDS: dict[str, str] = {
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+    "application/vnd.sandlot.data+json": "data",
+    "application/vnd.sandlot.chart+json": "chart",
+}
+
+
+@dataclass(slots=True)
+class OutputMessage:
+    """One chunk of stdout or stderr, as passed to ``on_stdout`` / ``on_stderr``."""
+
+    line: str
+    timestamp: int = field(default_factory=time.time_ns)
+    """Unix time in nanoseconds when the host received the chunk."""
+    error: bool = False
+    """True for stderr."""
+
+    def __str__(self) -> str:
+        return self.line
+
+
+@dataclass(slots=True)
+class Result:
+    """One rich output of a cell: a MIME bundle, as in Jupyter.
+
+    A cell's last expression becomes the *main result* (``is_main_result``); every
+    ``display(obj)`` call and every matplotlib figure adds another result. Binary
+    formats (``png``, ``jpeg``, ``pdf``) are base64 strings.
+    """
+
+    text: str | None = None
+    html: str | None = None
+    markdown: str | None = None
+    svg: str | None = None
+    png: str | None = None
+    jpeg: str | None = None
+    pdf: str | None = None
+    latex: str | None = None
+    json: dict[str, Any] | list[Any] | None = None
+    javascript: str | None = None
+    data: dict[str, Any] | None = None
+    """Structured data, e.g. a DataFrame as ``{"columns", "index", "data", "dtypes"}``."""
+    chart: dict[str, Any] | None = None
+    """A matplotlib chart's elements as data (``type``, ``title``, ``elements``...)."""
+    is_main_result: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    """MIME types that have no field of their own."""
+
+    @classmethod
+    def from_bundle(cls, bundle: Mapping[str, Any], *, is_main_result: bool = False) -> Result:
+        """Build a Result from a MIME bundle (``{"text/plain": ..., "image/png": ...}``)."""
+        result = cls(is_main_result=is_main_result)
+        for mime, value in bundle.items():
+            if mime == "text/plain":
+                result.text = str(value)
+            elif mime in MIME_FIELDS:
+                setattr(result, MIME_FIELDS[mime], value)
+            else:
+                result.extra[mime] = value
+        return result
+
+    def formats(self) -> list[str]:
+        """The formats this result carries besides ``text`` (e.g. ``["html", "data"]``)."""
+        names = [name for name in MIME_FIELDS.values() if getattr(self, name) is not None]
+        return names + list(self.extra)
+
+    def __str__(self) -> str:
+        return self.text or ""
+
+    def _repr_html_(self) -> str | None:
+        return self.html
+
+    def _repr_png_(self) -> str | None:
+        return self.png
+
+    def to_dict(self) -> dict[str, Any]:
+        """The non-empty fields, as JSON-ready data."""
+        out: dict[str, Any] = {"is_main_result": self.is_main_result}
+        if self.text is not None:
+            out["text"] = self.text
+        for name in self.formats():
+            out[name] = self.extra[name] if name in self.extra else getattr(self, name)
+        return out
+
+
+@dataclass(slots=True)
+class Logs:
+    """Everything a cell printed, as the chunks arrived."""
+
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ExecutionError:
+    """An error in a cell: an exception from user code, or a limit the cell hit.
+
+    ``name`` is the exception class (``"ZeroDivisionError"``) or one of sandlot's
+    outcome names: ``"TimeoutError"``, ``"OutOfMemoryError"``, ``"KernelDiedError"``,
+    ``"SandboxLostError"``, ``"KeyboardInterrupt"``.
+    """
+
+    name: str
+    value: str
+    traceback: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"name": self.name, "value": self.value, "traceback": self.traceback})
+
+
+@dataclass(slots=True)
+class Execution:
+    """The outcome of one ``run_code`` call. User-code failures are data, not exceptions."""
+
+    results: list[Result] = field(default_factory=list)
+    logs: Logs = field(default_factory=Logs)
+    error: ExecutionError | None = None
+    execution_count: int | None = None
+    status: ExecutionStatus = "ok"
+    """``ok``, ``error`` (exception in user code), ``timeout``, ``oom``, ``interrupted``,
+    or ``died`` (the kernel or the sandbox itself went away)."""
+    duration: float = 0.0
+    """Wall-clock seconds from request to the last event, measured on the host."""
+    truncated: bool = False
+    """True when output went over the sandbox's output limit and was cut."""
+
+    @property
+    def text(self) -> str | None:
+        """The text of the main result (the cell's last expression), if any."""
+        for result in self.results:
+            if result.is_main_result:
+                return result.text
+        return None
+
+    def raise_for_error(self) -> None:
+        """Raise :class:`sandlot.ExecutionFailed` if the cell did not succeed."""
+        if self.error is not None:
+            from sandlot._exceptions import ExecutionFailed
+
+            raise ExecutionFailed(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "results": [r.to_dict() for r in self.results],
+            "logs": {"stdout": self.logs.stdout, "stderr": self.logs.stderr},
+            "error": None
+            if self.error is None
+            else {
+                "name": self.error.name,
+                "value": self.error.value,
+                "traceback": self.error.traceback,
+            },
+            "execution_count": self.execution_count,
+            "status": self.status,
+            "duration": self.duration,
+            "truncated": self.truncated,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+@dataclass(slots=True)
+class CommandResult:
+    """The outcome of ``commands.run``: a non-zero exit code is data, not an exception."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    """The command's exit status; ``-N`` when killed by signal N; ``-1`` on timeout."""
+    error: str | None = None
+    """Why the command did not finish normally (timeout, output limit), else None."""
+
+
+class FileType(str, Enum):
+    FILE = "file"
+    DIR = "dir"
+
+
+@dataclass(slots=True, frozen=True)
+class EntryInfo:
+    """A file or directory inside the sandbox."""
+
+    name: str
+    type: FileType | None
+    path: str
+    size: int = 0
+    mode: int = 0
+    permissions: str = ""
+    modified_time: float = 0.0
+    symlink_target: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class WriteInfo:
+    name: str
+    type: FileType | None
+    path: str
+
+
+@dataclass(slots=True, frozen=True)
+class Context:
+    """A code context: its own interpreter state (variables, imports, cwd)."""
+
+    id: str
+    language: str
+    cwd: str
+
+
+def entries_from_wire(items: Iterable[Mapping[str, Any]]) -> list[EntryInfo]:
+    return [entry_from_wire(item) for item in items]
+
+
+def entry_from_wire(item: Mapping[str, Any]) -> EntryInfo:
+    kind = item.get("type")
+    return EntryInfo(
+        name=str(item.get("name", "")),
+        type=FileType(kind) if kind in ("file", "dir") else None,
+        path=str(item.get("path", "")),
+        size=int(item.get("size", 0)),
+        mode=int(item.get("mode", 0)),
+        permissions=str(item.get("permissions", "")),
+        modified_time=float(item.get("modified_time", 0.0)),
+        symlink_target=item.get("symlink_target"),
+    )

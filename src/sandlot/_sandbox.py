@@ -1,0 +1,801 @@
+"""``Sandbox`` and ``AsyncSandbox``: the SDK face, shaped like ``e2b_code_interpreter``.
+
+All logic lives in :class:`_Core` (synchronous, thread-safe): validation, defaults,
+starting and restarting the sandbox, timeouts, folding events into results.
+``Sandbox`` calls it directly; ``AsyncSandbox`` runs the same calls in a worker
+thread and delivers callbacks on the event loop. The twins differ only in I/O, so
+they cannot drift in behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import inspect
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import IO, Any, Literal, ParamSpec, TypeVar, overload
+
+from sandlot._exceptions import (
+    ContextNotFoundError,
+    FileOperationError,
+    InvalidArgumentError,
+    NotFoundError,
+    SandboxClosed,
+    SandboxLost,
+    SandlotError,
+)
+from sandlot._fold import Callbacks, CommandBuilder, ExecutionBuilder
+from sandlot._models import (
+    CommandResult,
+    Context,
+    EntryInfo,
+    Execution,
+    ExecutionError,
+    OutputMessage,
+    Result,
+    WriteInfo,
+    entries_from_wire,
+    entry_from_wire,
+)
+from sandlot.backends import Backend, EventStream, SandboxHandle, get_backend
+from sandlot.policy import MiB, Resources, SandboxSpec
+from sandlot.protocol import CHUNK_BYTES
+
+DEFAULT_CELL_TIMEOUT = 60.0
+"""Seconds a cell may run when ``run_code(timeout=None)``."""
+DEFAULT_COMMAND_TIMEOUT = 60.0
+DEFAULT_SANDBOX_TIMEOUT = 300
+"""Seconds a sandbox lives unless ``timeout`` says otherwise (as E2B)."""
+REQUEST_TIMEOUT = 60.0
+"""Seconds to wait for a file or context operation."""
+HOST_BACKSTOP = 5.0
+"""Extra seconds the host waits past a cell's timeout (the runner's own kill takes ~1 s)
+before it stops trusting the runner and destroys the whole sandbox."""
+DEFAULT_CONTEXT = "default"
+
+_ERRORS: dict[str, type[SandlotError]] = {
+    "NotFoundError": NotFoundError,
+    "FileOperationError": FileOperationError,
+    "ContextNotFoundError": ContextNotFoundError,
+    "InvalidArgumentError": InvalidArgumentError,
+}
+
+
+class _Core:
+    """The sandbox logic shared by :class:`Sandbox` and :class:`AsyncSandbox`."""
+
+    def __init__(
+        self,
+        *,
+        template: str,
+        backend: str | Backend,
+        resources: Resources | Mapping[str, Any] | None,
+        envs: Mapping[str, str] | None,
+        timeout: float | None,
+        metadata: Mapping[str, str] | None,
+    ) -> None:
+        self.spec = SandboxSpec(
+            template=template, resources=Resources.coerce(resources), envs=dict(envs or {})
+        )
+        self.backend = get_backend(backend)
+        self.sandbox_id = uuid.uuid4().hex[:16]
+        self.metadata = dict(metadata or {})
+        self._handle: SandboxHandle | None = None
+        self._lock = threading.RLock()
+        self._closed = False
+        self._timer: threading.Timer | None = None
+        self._ids = itertools.count(1)
+        self.restarts = 0
+        self.set_timeout(timeout)
+
+    # --- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        self._ensure()
+
+    def _ensure(self) -> SandboxHandle:
+        with self._lock:
+            if self._closed:
+                raise SandboxClosed(f"sandbox {self.sandbox_id} was killed")
+            if self._handle is None or not self._handle.alive:
+                if self._handle is not None:
+                    self._handle.kill()
+                    self.restarts += 1
+                self._handle = self.backend.start(self.spec)
+            return self._handle
+
+    def is_running(self) -> bool:
+        return not self._closed and self._handle is not None and self._handle.alive
+
+    def set_timeout(self, timeout: float | None) -> None:
+        """Kill the sandbox ``timeout`` seconds from now (None: live until killed)."""
+        if timeout is not None and timeout <= 0:
+            raise InvalidArgumentError("timeout must be positive seconds or None")
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if timeout is not None and not self._closed:
+                self._timer = threading.Timer(timeout, self.kill)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def kill(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.kill()
+
+    def _next_id(self) -> str:
+        return f"{self.sandbox_id}-{next(self._ids)}"
+
+    def _stream(self, message: dict[str, Any]) -> EventStream:
+        return self._ensure().request({**message, "id": self._next_id()})
+
+    # --- request/reply ----------------------------------------------------------------
+    def call(self, message: dict[str, Any], timeout: float = REQUEST_TIMEOUT) -> Any:
+        """Send a request that ends in a ``reply``; return its value or raise."""
+        stream = self._stream(message)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                event = stream.next(max(0.0, deadline - time.monotonic()))
+                if event is None:
+                    raise SandboxLost(
+                        f"the sandbox did not answer {message['type']} within {timeout:g} s"
+                    )
+                if event["type"] == "reply":
+                    if event["ok"]:
+                        return event.get("value")
+                    error = event.get("error") or {}
+                    cls = _ERRORS.get(str(error.get("name")), FileOperationError)
+                    raise cls(str(error.get("message", "operation failed")))
+        finally:
+            stream.close()
+
+    # --- code -------------------------------------------------------------------------
+    def run_code(
+        self,
+        code: str,
+        *,
+        language: str | None,
+        context: Context | str | None,
+        callbacks: Callbacks,
+        envs: Mapping[str, str] | None,
+        timeout: float | None,
+    ) -> Execution:
+        if not isinstance(code, str):
+            raise InvalidArgumentError(f"code must be str, not {type(code).__name__}")
+        context_id = _context_id(context)
+        if language not in (None, "python", "py", "python3"):
+            raise InvalidArgumentError(
+                f"language {language!r} is not supported; sandlot runs Python"
+            )
+        limit = DEFAULT_CELL_TIMEOUT if timeout is None else float(timeout)
+        if limit <= 0:
+            raise InvalidArgumentError("timeout must be positive seconds")
+        builder = ExecutionBuilder(self.spec.resources, callbacks)
+        started = time.monotonic()
+        try:
+            stream = self._stream(
+                {
+                    "type": "execute",
+                    "code": code,
+                    "context": context_id,
+                    "envs": _check_envs(envs),
+                    "timeout": limit,
+                }
+            )
+        except SandboxLost as exc:
+            return self._lost(builder, str(exc), started)
+        deadline = started + limit + HOST_BACKSTOP
+        try:
+            while not builder.finished:
+                event = stream.next(max(0.0, deadline - time.monotonic()))
+                if event is None:
+                    # The runner did not stop the cell in time: it is hung or hostile.
+                    self._discard_handle()
+                    execution = builder.abort(
+                        "timeout",
+                        "TimeoutError",
+                        f"execution timed out after {limit:g} seconds and the sandbox did not "
+                        "respond; it was destroyed and a new one starts on the next call "
+                        "(files and variables were lost)",
+                    )
+                    execution.duration = time.monotonic() - started
+                    return execution
+                builder.add(event)
+        except SandboxLost as exc:
+            return self._lost(builder, str(exc), started)
+        finally:
+            stream.close()
+        builder.execution.duration = time.monotonic() - started
+        return builder.execution
+
+    def _lost(self, builder: ExecutionBuilder, reason: str, started: float) -> Execution:
+        self._discard_handle()
+        execution = builder.abort(
+            "died",
+            "SandboxLostError",
+            f"{reason}; what the cell printed before is kept. A new sandbox starts on the "
+            "next call (files and variables were lost).",
+        )
+        execution.duration = time.monotonic() - started
+        return execution
+
+    def _discard_handle(self) -> None:
+        with self._lock:
+            handle = self._handle
+        if handle is not None:
+            handle.kill()
+
+    def interrupt(self, context: Context | str | None) -> None:
+        self.call({"type": "interrupt", "context": _context_id(context)})
+
+    # --- contexts ---------------------------------------------------------------------
+    def create_code_context(self, cwd: str | None, language: str | None) -> Context:
+        value = self.call(
+            {"type": "create_context", "cwd": cwd or "", "language": language or "python"}
+        )
+        return _context_from_wire(value)
+
+    def list_code_contexts(self) -> list[Context]:
+        return [_context_from_wire(item) for item in self.call({"type": "list_contexts"})]
+
+    def restart_code_context(self, context: Context | str | None) -> None:
+        self.call({"type": "restart_context", "context": _context_id(context)})
+
+    def remove_code_context(self, context: Context | str) -> None:
+        context_id = _context_id(context)
+        if context_id == DEFAULT_CONTEXT:
+            raise InvalidArgumentError("the default context cannot be removed; restart it instead")
+        self.call({"type": "remove_context", "context": context_id})
+
+    # --- commands ---------------------------------------------------------------------
+    def run_command(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None,
+        envs: Mapping[str, str] | None,
+        timeout: float | None,
+        callbacks: Callbacks,
+    ) -> CommandResult:
+        if not isinstance(cmd, str) or not cmd.strip():
+            raise InvalidArgumentError("cmd must be a non-empty string")
+        limit = DEFAULT_COMMAND_TIMEOUT if timeout is None else float(timeout)
+        if limit <= 0:
+            raise InvalidArgumentError("timeout must be positive seconds")
+        builder = CommandBuilder(self.spec.resources, callbacks)
+        stream = self._stream(
+            {
+                "type": "command",
+                "cmd": cmd,
+                "cwd": _check_path(cwd) if cwd else "",
+                "envs": _check_envs(envs),
+                "timeout": limit,
+            }
+        )
+        deadline = time.monotonic() + limit + HOST_BACKSTOP
+        try:
+            while not builder.finished:
+                event = stream.next(max(0.0, deadline - time.monotonic()))
+                if event is None:
+                    self._discard_handle()
+                    builder.abort("timeout")
+                    break
+                builder.add(event)
+        except SandboxLost as exc:
+            self._discard_handle()
+            builder.abort(f"sandbox lost: {exc}")
+        finally:
+            stream.close()
+        return builder.result()
+
+    # --- files ------------------------------------------------------------------------
+    def read_chunks(self, path: str) -> Iterator[bytes]:
+        stream = self._stream({"type": "fs_read", "path": _check_path(path)})
+        try:
+            while True:
+                event = stream.next(REQUEST_TIMEOUT)
+                if event is None:
+                    raise SandboxLost(f"the sandbox stopped sending {path}")
+                if event["type"] == "data":
+                    yield base64.b64decode(event["data"])
+                elif event["type"] == "reply":
+                    if not event["ok"]:
+                        error = event.get("error") or {}
+                        cls = _ERRORS.get(str(error.get("name")), FileOperationError)
+                        raise cls(str(error.get("message", f"cannot read {path}")))
+                    return
+        finally:
+            stream.close()
+
+    def write(self, path: str, data: str | bytes | IO[Any]) -> WriteInfo:
+        path = _check_path(path)
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        limit = self.spec.resources.disk_mb
+        total = 0
+        first = True
+        value: Any = None
+        for chunk in _chunks(data):
+            total += len(chunk)
+            if limit is not None and total > limit * MiB:
+                raise InvalidArgumentError(
+                    f"{path}: upload larger than the sandbox workspace ({limit} MiB); "
+                    "raise Resources(disk_mb=...)"
+                )
+            value = self.call(
+                {
+                    "type": "fs_write",
+                    "path": path,
+                    "data": base64.b64encode(chunk).decode("ascii"),
+                    "append": not first,
+                }
+            )
+            first = False
+        if first:  # empty upload: still create the file
+            value = self.call({"type": "fs_write", "path": path, "data": "", "append": False})
+        info = entry_from_wire(value)
+        return WriteInfo(name=info.name, type=info.type, path=info.path)
+
+
+def _chunks(data: bytes | IO[Any]) -> Iterator[bytes]:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        view = memoryview(data)
+        for offset in range(0, len(view), CHUNK_BYTES):
+            yield bytes(view[offset : offset + CHUNK_BYTES])
+        return
+    while True:
+        chunk = data.read(CHUNK_BYTES)
+        if not chunk:
+            return
+        yield chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk)
+
+
+def _check_path(path: str) -> str:
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise InvalidArgumentError(f"invalid path {path!r}")
+    return path
+
+
+def _check_envs(envs: Mapping[str, str] | None) -> dict[str, str]:
+    if not envs:
+        return {}
+    checked = {}
+    for key, value in envs.items():
+        if not isinstance(key, str) or not isinstance(value, str) or not key or "=" in key:
+            raise InvalidArgumentError(f"invalid environment variable {key!r}")
+        checked[key] = value
+    return checked
+
+
+def _context_id(context: Context | str | None) -> str:
+    if context is None:
+        return DEFAULT_CONTEXT
+    if isinstance(context, Context):
+        return context.id
+    if isinstance(context, str) and context:
+        return context
+    raise InvalidArgumentError(f"invalid context {context!r}")
+
+
+def _context_from_wire(value: Any) -> Context:
+    return Context(id=str(value["id"]), language=str(value["language"]), cwd=str(value["cwd"]))
+
+
+# ==== synchronous SDK ==================================================================
+
+
+class Filesystem:
+    """``sandbox.files``: the sandbox's files. Relative paths are under ``/home/user``.
+
+    Operations run inside the sandbox, so paths and symlinks resolve in the
+    sandbox's own view of the filesystem and can never reach a host file.
+    """
+
+    def __init__(self, core: _Core) -> None:
+        self._core = core
+
+    @overload
+    def read(self, path: str, format: Literal["text"] = "text") -> str: ...
+    @overload
+    def read(self, path: str, format: Literal["bytes"]) -> bytes: ...
+    @overload
+    def read(self, path: str, format: Literal["stream"]) -> Iterator[bytes]: ...
+
+    def read(self, path: str, format: str = "text") -> str | bytes | Iterator[bytes]:
+        """Read a file as text (UTF-8), ``bytes``, or a ``stream`` of byte chunks."""
+        if format == "stream":
+            return self._core.read_chunks(path)
+        if format not in ("text", "bytes"):
+            raise InvalidArgumentError("format must be 'text', 'bytes' or 'stream'")
+        data = b"".join(self._core.read_chunks(path))
+        return data.decode("utf-8") if format == "text" else data
+
+    def write(self, path: str, data: str | bytes | IO[Any]) -> WriteInfo:
+        """Create or overwrite a file (parents are created). Big files go in chunks."""
+        return self._core.write(path, data)
+
+    def list(self, path: str = ".", depth: int = 1) -> list[EntryInfo]:
+        if depth < 1:
+            raise InvalidArgumentError("depth must be >= 1")
+        return entries_from_wire(
+            self._core.call({"type": "fs_list", "path": _check_path(path), "depth": depth})
+        )
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.get_info(path)
+        except NotFoundError:
+            return False
+        return True
+
+    def get_info(self, path: str) -> EntryInfo:
+        return entry_from_wire(self._core.call({"type": "fs_stat", "path": _check_path(path)}))
+
+    def remove(self, path: str) -> None:
+        self._core.call({"type": "fs_remove", "path": _check_path(path)})
+
+    def make_dir(self, path: str) -> bool:
+        """Create a directory and its parents; False if it already existed."""
+        return bool(self._core.call({"type": "fs_mkdir", "path": _check_path(path)}))
+
+    def rename(self, old_path: str, new_path: str) -> EntryInfo:
+        return entry_from_wire(
+            self._core.call(
+                {"type": "fs_rename", "src": _check_path(old_path), "dst": _check_path(new_path)}
+            )
+        )
+
+
+class Commands:
+    """``sandbox.commands``: run shell commands inside the sandbox."""
+
+    def __init__(self, core: _Core) -> None:
+        self._core = core
+
+    def run(
+        self,
+        cmd: str,
+        cwd: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+    ) -> CommandResult:
+        """Run ``cmd`` with ``/bin/sh -c``; a non-zero exit is data, not an exception."""
+        return self._core.run_command(
+            cmd,
+            cwd=cwd,
+            envs=envs,
+            timeout=timeout,
+            callbacks=Callbacks(on_stdout=on_stdout, on_stderr=on_stderr),
+        )
+
+
+class Sandbox:
+    """An isolated, stateful Python sandbox.
+
+    ::
+
+        with Sandbox() as sbx:
+            sbx.run_code("x = 41")
+            print(sbx.run_code("x + 1").text)   # 42
+
+    The sandbox starts when constructed (``Sandbox.create()`` is the same) and is
+    destroyed by :meth:`kill`, by leaving the ``with`` block, after ``timeout``
+    seconds, or when this process exits.
+
+    :param template: the Python environment to run (built on first use).
+    :param backend: ``"auto"`` (strongest available), ``"bwrap"``, or a Backend.
+    :param resources: limits (:class:`sandlot.Resources` or a dict of its fields).
+    :param envs: environment variables for everything in the sandbox.
+    :param timeout: seconds until the sandbox is killed; None for no limit.
+    """
+
+    def __init__(
+        self,
+        template: str = "python-data",
+        *,
+        backend: str | Backend = "auto",
+        resources: Resources | Mapping[str, Any] | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_SANDBOX_TIMEOUT,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        self._core = _Core(
+            template=template,
+            backend=backend,
+            resources=resources,
+            envs=envs,
+            timeout=timeout,
+            metadata=metadata,
+        )
+        self.files = Filesystem(self._core)
+        self.commands = Commands(self._core)
+        try:
+            self._core.start()
+        except BaseException:
+            self._core.kill()
+            raise
+
+    @classmethod
+    def create(cls, template: str = "python-data", **kwargs: Any) -> Sandbox:
+        return cls(template, **kwargs)
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._core.sandbox_id
+
+    @property
+    def resources(self) -> Resources:
+        return self._core.spec.resources
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        """Destroy the sandbox and every process and file in it. Idempotent."""
+        self._core.kill()
+
+    def is_running(self) -> bool:
+        return self._core.is_running()
+
+    def set_timeout(self, timeout: float | None) -> None:
+        self._core.set_timeout(timeout)
+
+    def run_code(
+        self,
+        code: str,
+        language: str | None = None,
+        context: Context | str | None = None,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Execution:
+        """Run a cell; its last expression is the main result. Never raises for user code.
+
+        Exceptions, timeouts (``error.name == "TimeoutError"``) and memory
+        exhaustion (``"OutOfMemoryError"``) come back on ``Execution.error`` and
+        ``Execution.status``; the kernel is restarted when it had to be killed.
+        """
+        return self._core.run_code(
+            code,
+            language=language,
+            context=context,
+            callbacks=Callbacks(on_stdout, on_stderr, on_result, on_error),
+            envs=envs,
+            timeout=timeout,
+        )
+
+    def interrupt(self, context: Context | str | None = None) -> None:
+        """Interrupt the running cell of ``context`` (KeyboardInterrupt, then kill)."""
+        self._core.interrupt(context)
+
+    def create_code_context(self, cwd: str | None = None, language: str | None = None) -> Context:
+        return self._core.create_code_context(cwd, language)
+
+    def list_code_contexts(self) -> list[Context]:
+        return self._core.list_code_contexts()
+
+    def restart_code_context(self, context: Context | str | None = None) -> None:
+        self._core.restart_code_context(context)
+
+    def remove_code_context(self, context: Context | str) -> None:
+        self._core.remove_code_context(context)
+
+
+# ==== asynchronous SDK =================================================================
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _on_loop(
+    loop: asyncio.AbstractEventLoop, callback: Callable[[Any], Any] | None
+) -> Callable[[Any], Any] | None:
+    """Make a (sync or async) callback safe to call from the worker thread."""
+    if callback is None:
+        return None
+    if inspect.iscoroutinefunction(callback):
+
+        def run_async(value: Any) -> None:
+            asyncio.run_coroutine_threadsafe(callback(value), loop).result()
+
+        return run_async
+
+    def run_sync(value: Any) -> None:
+        loop.call_soon_threadsafe(callback, value)
+
+    return run_sync
+
+
+async def _in_thread(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    return await asyncio.to_thread(functools.partial(function, *args, **kwargs))
+
+
+class AsyncFilesystem:
+    def __init__(self, sync: Filesystem) -> None:
+        self._sync = sync
+
+    async def read(self, path: str, format: Literal["text", "bytes"] = "text") -> str | bytes:
+        if format == "bytes":
+            return await _in_thread(self._sync.read, path, "bytes")
+        return await _in_thread(self._sync.read, path, "text")
+
+    async def write(self, path: str, data: str | bytes | IO[Any]) -> WriteInfo:
+        return await _in_thread(self._sync.write, path, data)
+
+    async def list(self, path: str = ".", depth: int = 1) -> list[EntryInfo]:
+        return await _in_thread(self._sync.list, path, depth)
+
+    async def exists(self, path: str) -> bool:
+        return await _in_thread(self._sync.exists, path)
+
+    async def get_info(self, path: str) -> EntryInfo:
+        return await _in_thread(self._sync.get_info, path)
+
+    async def remove(self, path: str) -> None:
+        await _in_thread(self._sync.remove, path)
+
+    async def make_dir(self, path: str) -> bool:
+        return await _in_thread(self._sync.make_dir, path)
+
+    async def rename(self, old_path: str, new_path: str) -> EntryInfo:
+        return await _in_thread(self._sync.rename, old_path, new_path)
+
+
+class AsyncCommands:
+    def __init__(self, core: _Core) -> None:
+        self._core = core
+
+    async def run(
+        self,
+        cmd: str,
+        cwd: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+    ) -> CommandResult:
+        loop = asyncio.get_running_loop()
+        callbacks = Callbacks(on_stdout=_on_loop(loop, on_stdout), on_stderr=_on_loop(loop, on_stderr))
+        return await _in_thread(
+            self._core.run_command, cmd, cwd=cwd, envs=envs, timeout=timeout, callbacks=callbacks
+        )
+
+
+class AsyncSandbox:
+    """The asyncio twin of :class:`Sandbox`: same methods, awaited.
+
+    ::
+
+        sbx = await AsyncSandbox.create()
+        execution = await sbx.run_code("1 + 1")
+        await sbx.kill()
+
+    Callbacks may be plain functions or coroutine functions; they run on the event
+    loop, in order.
+    """
+
+    def __init__(self, core: _Core) -> None:
+        self._core = core
+        self.files = AsyncFilesystem(Filesystem(core))
+        self.commands = AsyncCommands(core)
+
+    @classmethod
+    async def create(
+        cls,
+        template: str = "python-data",
+        *,
+        backend: str | Backend = "auto",
+        resources: Resources | Mapping[str, Any] | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_SANDBOX_TIMEOUT,
+        metadata: Mapping[str, str] | None = None,
+    ) -> AsyncSandbox:
+        def build() -> _Core:
+            core = _Core(
+                template=template,
+                backend=backend,
+                resources=resources,
+                envs=envs,
+                timeout=timeout,
+                metadata=metadata,
+            )
+            try:
+                core.start()
+            except BaseException:
+                core.kill()
+                raise
+            return core
+
+        return cls(await asyncio.to_thread(build))
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._core.sandbox_id
+
+    @property
+    def resources(self) -> Resources:
+        return self._core.spec.resources
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.kill()
+
+    async def kill(self) -> None:
+        await asyncio.to_thread(self._core.kill)
+
+    async def is_running(self) -> bool:
+        return self._core.is_running()
+
+    async def set_timeout(self, timeout: float | None) -> None:
+        self._core.set_timeout(timeout)
+
+    async def run_code(
+        self,
+        code: str,
+        language: str | None = None,
+        context: Context | str | None = None,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+        on_result: Callable[[Result], Any] | None = None,
+        on_error: Callable[[ExecutionError], Any] | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Execution:
+        loop = asyncio.get_running_loop()
+        callbacks = Callbacks(
+            _on_loop(loop, on_stdout),
+            _on_loop(loop, on_stderr),
+            _on_loop(loop, on_result),
+            _on_loop(loop, on_error),
+        )
+        return await _in_thread(
+            self._core.run_code,
+            code,
+            language=language,
+            context=context,
+            callbacks=callbacks,
+            envs=envs,
+            timeout=timeout,
+        )
+
+    async def interrupt(self, context: Context | str | None = None) -> None:
+        await _in_thread(self._core.interrupt, context)
+
+    async def create_code_context(
+        self, cwd: str | None = None, language: str | None = None
+    ) -> Context:
+        return await _in_thread(self._core.create_code_context, cwd, language)
+
+    async def list_code_contexts(self) -> list[Context]:
+        return await _in_thread(self._core.list_code_contexts)
+
+    async def restart_code_context(self, context: Context | str | None = None) -> None:
+        await _in_thread(self._core.restart_code_context, context)
+
+    async def remove_code_context(self, context: Context | str) -> None:
+        await _in_thread(self._core.remove_code_context, context)
+
+
+_Awaitable = Awaitable  # re-exported name kept for type checkers of callers

@@ -1,0 +1,225 @@
+"""A :class:`SandboxHandle` over a byte channel to the runner (shared by backends).
+
+The backend starts the sandbox process and gives this class its end of the
+protocol socket. A reader thread decodes every line with
+:func:`sandlot.protocol.decode` (size limit, schema check) and routes events to the
+stream of the request they answer. A message that breaks the protocol is treated as
+an attack: the sandbox is killed and every waiting call gets :class:`SandboxLost`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import socket
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sandlot._exceptions import SandboxLost, SandboxStartError
+from sandlot.backends._base import Event, EventStream, SandboxHandle
+from sandlot.protocol import MAX_LINE_BYTES, RUNNER_MESSAGES, TERMINAL_EVENTS, ProtocolViolation
+from sandlot.protocol import decode as decode_message
+from sandlot.protocol import encode as encode_message
+
+log = logging.getLogger("sandlot.backend")
+
+_DEAD = object()
+
+
+class _Stream(EventStream):
+    def __init__(self, owner: ChannelHandle, rid: str) -> None:
+        self._owner = owner
+        self._rid = rid
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._finished = False
+
+    def push(self, item: Any) -> None:
+        self._queue.put(item)
+
+    def next(self, timeout: float | None) -> Event | None:
+        if self._finished:
+            return None
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _DEAD:
+            self._finished = True
+            raise SandboxLost(self._owner.death_reason or "the sandbox exited")
+        assert isinstance(item, dict)
+        if item["type"] in TERMINAL_EVENTS:
+            self._finished = True
+            self._owner._forget(self._rid)
+        return item
+
+    def close(self) -> None:
+        self._finished = True
+        self._owner._forget(self._rid)
+
+
+class ChannelHandle(SandboxHandle):
+    """Protocol routing for a sandbox reachable through ``sock``.
+
+    ``process`` is the sandbox's host-side process (for bwrap, the bwrap process);
+    killing it must destroy the whole sandbox. ``on_exit`` runs once after the
+    sandbox is gone (cleanup of temporary files and the like).
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        process: subprocess.Popen[bytes],
+        *,
+        stderr_tail: Callable[[], str] = lambda: "",
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        self._sock = sock
+        self._process = process
+        self._stderr_tail = stderr_tail
+        self._on_exit = on_exit
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}
+        self._ready: queue.Queue[Any] = queue.Queue()
+        self._dead = False
+        self._death_reason = ""
+        self._ids = itertools.count(1)
+        self._reader = threading.Thread(target=self._read_loop, name="sandlot-reader", daemon=True)
+        self._reader.start()
+        self._waiter = threading.Thread(target=self._wait_loop, name="sandlot-waiter", daemon=True)
+        self._waiter.start()
+
+    # --- lifecycle --------------------------------------------------------------------
+    def wait_ready(self, timeout: float) -> Event:
+        """Block until the runner says ``ready``; raise SandboxStartError otherwise."""
+        try:
+            item = self._ready.get(timeout=timeout)
+        except queue.Empty:
+            self.kill()
+            raise SandboxStartError(
+                f"the sandbox did not become ready within {timeout:g} s"
+                + self._stderr_suffix()
+            ) from None
+        if item is _DEAD:
+            raise SandboxStartError(
+                f"the sandbox exited while starting ({self._death_reason})" + self._stderr_suffix()
+            )
+        assert isinstance(item, dict)
+        return item
+
+    def _stderr_suffix(self) -> str:
+        tail = self._stderr_tail().strip()
+        return f":\n{tail}" if tail else ""
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead
+
+    @property
+    def death_reason(self) -> str:
+        return self._death_reason
+
+    def kill(self) -> None:
+        self._die("the sandbox was killed")
+        try:
+            self._process.kill()
+        except OSError:
+            pass
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("sandbox process %s did not exit after SIGKILL", self._process.pid)
+        self._close_socket()
+        self._waiter.join(timeout=10)
+
+    def _close_socket(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    def _die(self, reason: str) -> None:
+        with self._lock:
+            if self._dead:
+                return
+            self._dead = True
+            self._death_reason = reason
+            streams = list(self._streams.values())
+            self._streams.clear()
+        self._ready.put(_DEAD)
+        for stream in streams:
+            stream.push(_DEAD)
+
+    def _wait_loop(self) -> None:
+        code = self._process.wait()
+        if code < 0:
+            reason = f"the sandbox process was killed by signal {-code}"
+        else:
+            reason = f"the sandbox process exited with status {code}"
+        self._die(reason)
+        if self._on_exit is not None:
+            try:
+                self._on_exit()
+            except Exception:
+                log.exception("sandbox cleanup failed")
+
+    # --- requests ---------------------------------------------------------------------
+    def request(self, message: dict[str, Any]) -> EventStream:
+        rid = str(message.get("id") or f"r{next(self._ids)}")
+        message = {**message, "id": rid}
+        stream = _Stream(self, rid)
+        with self._lock:
+            if self._dead:
+                stream.push(_DEAD)
+                return stream
+            self._streams[rid] = stream
+        try:
+            data = encode_message(message)
+            with self._send_lock:
+                self._sock.sendall(data)
+        except OSError as exc:
+            self._die(f"the sandbox channel broke ({exc})")
+        return stream
+
+    def _forget(self, rid: str) -> None:
+        with self._lock:
+            self._streams.pop(rid, None)
+
+    def _read_loop(self) -> None:
+        reader = self._sock.makefile("rb")
+        try:
+            while True:
+                line = reader.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    break
+                if not line.endswith(b"\n"):
+                    raise ProtocolViolation(f"message longer than {MAX_LINE_BYTES} bytes")
+                event = decode_message(line, RUNNER_MESSAGES)
+                if event["type"] == "ready":
+                    self._ready.put(event)
+                    continue
+                with self._lock:
+                    stream = self._streams.get(event["id"])
+                if stream is not None:
+                    stream.push(event)
+        except ProtocolViolation as exc:
+            # The runner shares the sandbox with untrusted code: a malformed message
+            # means the sandbox is compromised or broken. Kill it; trust nothing more.
+            log.warning("protocol violation from sandbox: %s", exc)
+            self._die(f"the sandbox broke the protocol ({exc}) and was killed")
+            self._process.kill()
+        except (OSError, ValueError):
+            pass
+        finally:
+            reader.close()
+        if not self._dead:
+            try:
+                code = self._process.wait(timeout=2)
+                self._die(f"the sandbox exited (status {code})")
+            except subprocess.TimeoutExpired:
+                self._die("the sandbox closed its channel")
+                self._process.kill()

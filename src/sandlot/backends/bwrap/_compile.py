@@ -1,0 +1,192 @@
+"""Policy -> bubblewrap argv: a pure function, golden-tested without privileges.
+
+:func:`build_argv` takes the sandbox spec and a :class:`HostLayout` (every host
+path the sandbox may see, discovered by the backend) and returns the complete
+``bwrap`` command line. It reads no files and starts nothing, so every isolation
+decision below is visible in one place and checked by ``tests/unit``.
+
+What the argv sets up (see SECURITY.md for what it does *not* guarantee):
+
+* new user, pid, network, ipc, uts and cgroup namespaces; nested user namespaces
+  disabled (``--disable-userns``); a new session (no TIOCSTI into the caller's tty);
+  the sandbox dies with its parent;
+* uid/gid 1000 inside, no capabilities (bwrap drops them for the command);
+* a read-only root built from scratch: ``/usr`` (and the merged-/usr symlinks),
+  the few ``/etc`` files programs need, generated ``passwd``/``group``/``hosts``,
+  the template (``/opt/sandlot/template``) and the runner (``/opt/sandlot/lib``);
+  nothing else of the host: no ``/root``, ``/home``, ``/tmp``, ``/sys``, ``/var``,
+  ``/run``, no project directory;
+* writable, size-capped tmpfs at ``/home/user`` (the working directory), ``/tmp`` and
+  ``/dev/shm``; a private ``/proc`` and a minimal ``/dev``;
+* an environment of only ``PATH``, ``HOME``, ``LANG`` and the caller's ``envs``
+  (``--clearenv``; the backend also starts bwrap itself with an empty environment,
+  so ``/proc/1/environ`` inside holds nothing of the host).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sandlot.policy import MiB, SandboxSpec
+from sandlot.runner import BOOTSTRAP
+
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+HOME = "/home/user"
+TEMPLATE_GUEST = "/opt/sandlot/template"
+LIB_GUEST = "/opt/sandlot/lib"
+GUEST_PYTHON = f"{TEMPLATE_GUEST}/env/bin/python"
+GUEST_PATH = f"{TEMPLATE_GUEST}/env/bin:/usr/local/bin:/usr/bin:/bin"
+
+
+# Host /etc entries programs in the sandbox legitimately need. Nothing with secrets:
+# no shadow, no ssh keys, no machine-id, no resolv.conf (there is no network).
+ETC_ENTRIES: tuple[str, ...] = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/fonts",
+    "/etc/ssl/certs",
+    "/etc/ca-certificates.conf",
+    "/etc/localtime",
+    "/etc/mime.types",
+    "/etc/os-release",
+)
+GENERATED_ETC: tuple[str, ...] = ("passwd", "group", "hosts", "nsswitch.conf", "hostname")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostLayout:
+    """Host paths the sandbox is built from (found by the backend, passed in here)."""
+
+    template_dir: str
+    """The built template directory, mounted read-only at ``/opt/sandlot/template``."""
+    base_prefix: str
+    """Prefix of the template's base interpreter; bound read-only at the same path
+    when it is outside ``/usr`` (e.g. a pyenv build)."""
+    protocol_dir: str
+    runner_dir: str
+    generated_etc_dir: str
+    """Directory holding sandlot's own passwd, group, hosts, nsswitch.conf, hostname."""
+    root_symlinks: Mapping[str, str] = field(default_factory=dict)
+    """Top-level host paths that are symlinks (merged /usr): ``{"/bin": "usr/bin"}``."""
+    root_dirs: Sequence[str] = ()
+    """Top-level library/binary dirs that are real directories: ``["/lib64"]``."""
+    etc_entries: Sequence[str] = ()
+    """The subset of :data:`ETC_ENTRIES` that exists on this host."""
+    channel_fd: int = 3
+    """The runner's end of the protocol socket, as numbered in the sandbox."""
+    disable_userns: bool = True
+    """bwrap >= 0.8 can forbid nested user namespaces; the backend refuses older ones."""
+
+
+def runner_config(spec: SandboxSpec, channel_fd: int) -> dict[str, object]:
+    """The runner's configuration: limits it applies to itself and enforces per cell."""
+    r = spec.resources
+    return {
+        "workdir": HOME,
+        "lib": LIB_GUEST,
+        "memory_mb": r.memory_mb,
+        "output_bytes": r.output_bytes,
+        "max_results": r.max_results,
+        "result_bytes": r.result_bytes,
+        "kill_grace": 1.0,
+        "rlimits": {
+            "as": None if r.memory_mb is None else r.memory_mb * MiB,
+            "cpu": r.cpu_seconds,
+            "nproc": r.pids,
+            "fsize": None if r.file_size_mb is None else r.file_size_mb * MiB,
+            "nofile": r.open_files,
+            "core": 0,
+        },
+        "fd": channel_fd,
+    }
+
+
+def guest_env(spec: SandboxSpec) -> dict[str, str]:
+    """The complete environment inside the sandbox."""
+    env = {"PATH": GUEST_PATH, "HOME": HOME, "LANG": "C.UTF-8"}
+    env.update(spec.envs)
+    return env
+
+
+def build_argv(spec: SandboxSpec, layout: HostLayout, bwrap: str = "bwrap") -> list[str]:
+    """Return the full bubblewrap command line that starts the runner for ``spec``."""
+    r = spec.resources
+    argv: list[str] = [bwrap]
+    # Namespaces. --unshare-user (not -try): without a user namespace bwrap would need
+    # setuid, and we never run it that way.
+    argv += [
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
+    if layout.disable_userns:
+        argv.append("--disable-userns")
+    argv += ["--die-with-parent", "--new-session"]
+    argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandlot"]
+
+    # Environment: nothing from the host.
+    argv.append("--clearenv")
+    for key, value in guest_env(spec).items():
+        argv += ["--setenv", key, value]
+
+    # Read-only system view.
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for path, target in sorted(layout.root_symlinks.items()):
+        argv += ["--symlink", target, path]
+    for path in layout.root_dirs:
+        argv += ["--ro-bind", path, path]
+    for path in layout.etc_entries:
+        argv += ["--ro-bind", path, path]
+    for name in GENERATED_ETC:
+        argv += ["--ro-bind", f"{layout.generated_etc_dir}/{name}", f"/etc/{name}"]
+    if not _under(layout.base_prefix, "/usr"):
+        argv += ["--ro-bind", layout.base_prefix, layout.base_prefix]
+    argv += ["--ro-bind", layout.template_dir, TEMPLATE_GUEST]
+    argv += ["--ro-bind", layout.protocol_dir, f"{LIB_GUEST}/sandlot/protocol"]
+    argv += ["--ro-bind", layout.runner_dir, f"{LIB_GUEST}/sandlot/runner"]
+
+    # Kernel filesystems.
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+
+    # Writable, size-capped scratch space.
+    argv += _tmpfs("/tmp", r.tmp_mb, "1777")
+    argv += _tmpfs("/dev/shm", r.tmp_mb, "1777")
+    argv += _tmpfs(HOME, r.disk_mb, "0755")
+    argv += ["--chdir", HOME]
+    # Nothing can be created at the top level once the mounts are in place.
+    argv += ["--remount-ro", "/"]
+
+    argv += [
+        "--",
+        GUEST_PYTHON,
+        "-I",
+        "-B",
+        "-c",
+        BOOTSTRAP,
+        LIB_GUEST,
+        "supervisor",
+        "--fd",
+        str(layout.channel_fd),
+        "--config",
+        json.dumps(runner_config(spec, layout.channel_fd), sort_keys=True),
+    ]
+    return argv
+
+
+def _tmpfs(path: str, size_mb: int | None, perms: str) -> list[str]:
+    args = ["--perms", perms]
+    if size_mb is not None:
+        args += ["--size", str(size_mb * MiB)]
+    return [*args, "--tmpfs", path]
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")

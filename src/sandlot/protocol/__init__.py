@@ -1,0 +1,116 @@
+"""The host <-> runner wire protocol: message types and the NDJSON codec.
+
+This module is the only code both sides of the sandbox boundary import. It is
+stdlib-only and must stay importable by the guest interpreter of any template
+(Python >= 3.9), because the backend mounts it read-only into the sandbox next to
+``sandlot.runner``. ``docs/protocol.md`` is the normative description; this module
+is its executable form.
+
+Framing: one JSON object per line (UTF-8, ``\\n``-terminated) on a dedicated
+channel (for bubblewrap, an inherited socket on fd 3), never the user's stdout.
+Every message has a ``type``. Messages that belong to a request carry that
+request's ``id``.
+
+Trust: the runner shares a sandbox with untrusted code, so the host treats every
+message it receives as hostile input. :func:`decode` enforces a size limit and
+checks the shape of each message against :data:`RUNNER_MESSAGES`; anything else
+is a :class:`ProtocolViolation`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Mapping, Tuple
+
+PROTOCOL_VERSION = 1
+"""Bumped on any incompatible change; the runner announces it in ``ready``."""
+
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""Largest single message the host accepts from a runner (a big PNG fits)."""
+
+CHUNK_BYTES = 4 * 1024 * 1024
+"""Size of one file chunk in ``fs_write`` requests and ``data`` events (before base64)."""
+
+# --- requests: host -> runner -------------------------------------------------------
+# name -> required fields (besides "type" and "id") and their JSON types.
+HOST_REQUESTS: Dict[str, Dict[str, Tuple[type, ...]]] = {
+    "execute": {"code": (str,), "context": (str,), "envs": (dict,), "timeout": (int, float)},
+    "interrupt": {"context": (str,)},
+    "create_context": {"cwd": (str,), "language": (str,)},
+    "list_contexts": {},
+    "restart_context": {"context": (str,)},
+    "remove_context": {"context": (str,)},
+    "command": {"cmd": (str,), "cwd": (str,), "envs": (dict,), "timeout": (int, float)},
+    "fs_read": {"path": (str,)},
+    "fs_write": {"path": (str,), "data": (str,), "append": (bool,)},
+    "fs_list": {"path": (str,), "depth": (int,)},
+    "fs_stat": {"path": (str,)},
+    "fs_remove": {"path": (str,)},
+    "fs_mkdir": {"path": (str,)},
+    "fs_rename": {"src": (str,), "dst": (str,)},
+    "shutdown": {},
+}
+
+# --- events: runner -> host ---------------------------------------------------------
+RUNNER_MESSAGES: Dict[str, Dict[str, Tuple[type, ...]]] = {
+    # Sent once, without an id, when the runner is ready to take requests.
+    "ready": {"version": (int,), "python": (str,)},
+    # Streamed output of an execute or command request.
+    "stdout": {"id": (str,), "text": (str,)},
+    "stderr": {"id": (str,), "text": (str,)},
+    # A rich display (MIME bundle). ``is_main_result`` marks a cell's last expression.
+    "result": {"id": (str,), "data": (dict,), "is_main_result": (bool,)},
+    # The cell raised (or hit a limit: name "TimeoutError", "OutOfMemoryError", ...).
+    "error": {"id": (str,), "name": (str,), "value": (str,), "traceback": (str,)},
+    # Terminal event of execute and command requests.
+    #   status: ok | error | timeout | oom | interrupted | died
+    "exit": {"id": (str,), "status": (str,)},
+    # A chunk of a file read (base64).
+    "data": {"id": (str,), "data": (str,)},
+    # Terminal event of every other request. ok=False carries error={name, message}.
+    "reply": {"id": (str,), "ok": (bool,)},
+}
+
+TERMINAL_EVENTS = frozenset({"exit", "reply"})
+
+EXIT_STATUSES = frozenset({"ok", "error", "timeout", "oom", "interrupted", "died"})
+
+
+class ProtocolViolation(ValueError):
+    """A message does not follow this protocol (raised by :func:`decode`)."""
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """Serialise one message to a newline-terminated line of compact JSON."""
+    return (json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+
+def decode(line: bytes, schema: Mapping[str, Mapping[str, Tuple[type, ...]]]) -> Dict[str, Any]:
+    """Parse and validate one line against ``schema`` (``RUNNER_MESSAGES`` or ``HOST_REQUESTS``).
+
+    Raises :class:`ProtocolViolation` for oversized lines, invalid JSON, unknown
+    types, and missing or mistyped fields. Extra fields are allowed so that a newer
+    peer can add optional data without breaking an older one.
+    """
+    if len(line) > MAX_LINE_BYTES:
+        raise ProtocolViolation(f"message of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    try:
+        message = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolViolation(f"not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolViolation("message is not a JSON object")
+    kind = message.get("type")
+    fields = schema.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        raise ProtocolViolation(f"unknown message type {kind!r}")
+    if schema is HOST_REQUESTS and not isinstance(message.get("id"), str):
+        raise ProtocolViolation(f"{kind} request without a string id")
+    for name, types in fields.items():
+        value = message.get(name)
+        # bool is an int subclass; never accept it where a number is expected.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ProtocolViolation(f"{kind}.{name} missing or not {types[0].__name__}")
+    if kind == "exit" and message["status"] not in EXIT_STATUSES:
+        raise ProtocolViolation(f"exit.status {message['status']!r} is not one of {sorted(EXIT_STATUSES)}")
+    return message

@@ -1,0 +1,377 @@
+"""One code context's interpreter: runs cells in a persistent namespace.
+
+Started by the supervisor as ``python -I -c <bootstrap> kernel --fd N``. It reads
+``execute`` requests from its socket (fd N) and answers with ``stdout``,
+``stderr``, ``result``, ``error`` and a final ``exit`` event per cell.
+
+The kernel's fd 1 and fd 2 are pipes that the *supervisor* reads, so output from
+subprocesses and C extensions is captured too, and nothing a cell prints can be
+mistaken for a protocol message. Python-level ``sys.stdout``/``sys.stderr`` are
+replaced by writers that send events on the socket directly, which keeps prints and
+displays in the order the cell produced them.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import ctypes
+import gc
+import importlib.abc
+import importlib.machinery
+import io
+import json
+import linecache
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import types
+from typing import Any, Dict, List, Optional
+
+from sandlot.protocol import encode
+from sandlot.runner import _display
+
+FLUSH_INTERVAL = 0.05
+"""Seconds a partial line may wait in the buffer before it is streamed anyway."""
+CO_COROUTINE = 0x0080
+
+
+class Channel:
+    """The kernel's end of its socket to the supervisor; sends are thread-safe."""
+
+    def __init__(self, fd: int) -> None:
+        self.sock = socket.socket(fileno=fd)
+        self.reader = self.sock.makefile("rb")
+        self.lock = threading.Lock()
+
+    def send(self, message: Dict[str, Any]) -> None:
+        data = encode(message)
+        with self.lock:
+            self.sock.sendall(data)
+
+    def receive(self) -> Optional[Dict[str, Any]]:
+        line = self.reader.readline()
+        if not line:
+            return None
+        message = json.loads(line)
+        return message if isinstance(message, dict) else None
+
+
+class EventStream(io.TextIOBase):
+    """``sys.stdout`` / ``sys.stderr`` replacement that streams text as events."""
+
+    def __init__(self, kernel: "Kernel", name: str) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.name = name
+        self.buffer_parts: List[str] = []
+        self.size = 0
+        self.since = 0.0
+        self.lock = threading.Lock()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        # Code that asks for a real fd (subprocess, faulthandler) gets the pipe the
+        # supervisor reads, so its output is still captured.
+        return 1 if self.name == "stdout" else 2
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError("write() argument must be str, not %s" % type(text).__name__)
+        if not text:
+            return 0
+        with self.lock:
+            if not self.buffer_parts:
+                self.since = time.monotonic()
+            self.buffer_parts.append(text)
+            self.size += len(text)
+            urgent = "\n" in text or self.size >= 8192
+        if urgent:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        with self.lock:
+            if not self.buffer_parts:
+                return
+            text = "".join(self.buffer_parts)
+            self.buffer_parts = []
+            self.size = 0
+        self.kernel.emit({"type": self.name, "text": text})
+
+    def flush_if_stale(self) -> None:
+        if self.buffer_parts and time.monotonic() - self.since >= FLUSH_INTERVAL:
+            self.flush()
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Runs a patch right after selected modules are imported by user code.
+
+    Used to make ``plt.show()`` emit figures in order and ``IPython.display.display``
+    reach sandlot, without importing matplotlib or IPython before the user does.
+    """
+
+    def __init__(self, patches: Dict[str, Any]) -> None:
+        self.patches = patches
+        self.busy: set = set()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in self.patches or name in self.busy:
+            return None
+        self.busy.add(name)
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+        finally:
+            self.busy.discard(name)
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        patch = self.patches[name]
+        original_exec = loader.exec_module  # type: ignore[attr-defined]
+
+        def exec_module(module: types.ModuleType) -> None:
+            original_exec(module)
+            try:
+                patch(module)
+            except Exception:
+                pass
+
+        loader.exec_module = exec_module  # type: ignore[attr-defined]
+        return spec
+
+
+class Kernel:
+    def __init__(self, channel: Channel, config: Dict[str, Any]) -> None:
+        self.channel = channel
+        self.config = config
+        self.count = 0
+        self.current_id: Optional[str] = None
+        self.namespace: Dict[str, Any] = {
+            "__name__": "__main__",
+            "__builtins__": builtins,
+            "__doc__": None,
+        }
+        self.stdout = EventStream(self, "stdout")
+        self.stderr = EventStream(self, "stderr")
+        self.figures_shown: set = set()
+
+    # --- events -----------------------------------------------------------------------
+    def emit(self, message: Dict[str, Any]) -> None:
+        if self.current_id is None:
+            return  # output from a background thread between cells has no owner
+        message["id"] = self.current_id
+        self.channel.send(message)
+
+    def flush_streams(self) -> None:
+        self.stdout.flush()
+        self.stderr.flush()
+        try:  # C-level stdio of extensions writes to fd 1/2; push it into the pipes now
+            ctypes.CDLL(None).fflush(None)
+        except Exception:
+            pass
+
+    def display(self, *objs: Any, is_main_result: bool = False) -> None:
+        """The ``display()`` builtin: send each object as a rich result."""
+        for obj in objs:
+            if _is_figure(obj):
+                self.figures_shown.add(id(obj))
+            self.flush_streams()
+            self.emit({"type": "result", "data": _display.mimebundle(obj), "is_main_result": is_main_result})
+
+    def flush_figures(self) -> None:
+        """Send every open matplotlib figure as a PNG result, then close them."""
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        try:
+            numbers = list(pyplot.get_fignums())
+        except Exception:
+            return
+        for number in numbers:
+            figure = pyplot.figure(number)
+            if id(figure) not in self.figures_shown:
+                self.flush_streams()
+                self.emit({"type": "result", "data": _display.mimebundle(figure), "is_main_result": False})
+            pyplot.close(figure)
+        self.figures_shown.clear()
+
+    # --- setup ------------------------------------------------------------------------
+    def install(self) -> None:
+        sys.stdout = self.stdout  # type: ignore[assignment]
+        sys.stderr = self.stderr  # type: ignore[assignment]
+        builtins.display = self.display  # type: ignore[attr-defined]
+        # Like Jupyter: modules uploaded next to the notebook are importable.
+        if "" not in sys.path:
+            sys.path.insert(0, "")
+        sys.meta_path.insert(
+            0,
+            _PostImportHook(
+                {
+                    "matplotlib.pyplot": self._patch_pyplot,
+                    "IPython.core.display_functions": self._patch_ipython,
+                    "IPython.display": self._patch_ipython,
+                }
+            ),
+        )
+        flusher = threading.Thread(target=self._flush_loop, name="sandlot-flush", daemon=True)
+        flusher.start()
+
+    def _flush_loop(self) -> None:
+        while True:
+            time.sleep(FLUSH_INTERVAL)
+            try:
+                self.stdout.flush_if_stale()
+                self.stderr.flush_if_stale()
+            except Exception:
+                pass
+
+    def _patch_pyplot(self, pyplot: Any) -> None:
+        kernel = self
+
+        def show(*args: Any, **kwargs: Any) -> None:
+            kernel.flush_figures()
+
+        pyplot.show = show
+
+    def _patch_ipython(self, module: Any) -> None:
+        kernel = self
+
+        def display(*objs: Any, **kwargs: Any) -> None:
+            kernel.display(*objs)
+
+        module.display = display
+
+    # --- cells ------------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            request = self.channel.receive()
+            if request is None or request.get("type") == "shutdown":
+                return
+            if request.get("type") == "execute":
+                self.execute(request)
+
+    def execute(self, request: Dict[str, Any]) -> None:
+        self.count += 1
+        self.current_id = str(request.get("id"))
+        envs = request.get("envs") or {}
+        saved_env = {key: os.environ.get(key) for key in envs}
+        os.environ.update({str(k): str(v) for k, v in envs.items()})
+        status = "ok"
+        try:
+            status = self._run_cell(str(request.get("code", "")))
+        finally:
+            for key, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            try:
+                self.flush_streams()
+            finally:
+                self.emit({"type": "exit", "status": status, "execution_count": self.count})
+                self.current_id = None
+        if status == "oom":
+            # The interpreter may be in a bad state after MemoryError; the supervisor
+            # starts a fresh kernel for this context.
+            os._exit(0)
+
+    def _run_cell(self, code: str) -> str:
+        filename = "<cell-%d>" % self.count
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        try:
+            tree = ast.parse(code, filename=filename, mode="exec")
+        except SyntaxError as exc:
+            self._report(exc)
+            return "error"
+        last: Optional[ast.expr] = None
+        silent = code.rstrip().endswith(";")
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = tree.body.pop().value
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        try:
+            body = compile(tree, filename, "exec", flags=flags)
+            self._run(body)
+            if last is not None:
+                expr = compile(ast.Expression(body=last), filename, "eval", flags=flags)
+                value = self._run(expr)
+                if value is not None and not silent:
+                    self.namespace["_"] = value
+                    if not _is_figure(value):
+                        self.display(value, is_main_result=True)
+            self.flush_figures()
+        except MemoryError:
+            self.namespace.clear()
+            gc.collect()
+            self.flush_streams()
+            limit = self.config.get("memory_mb")
+            self.emit(
+                {
+                    "type": "error",
+                    "name": "OutOfMemoryError",
+                    "value": "the cell ran out of memory (limit %s MiB per process); the kernel "
+                    "was restarted and its variables were lost" % (limit or "?"),
+                    "traceback": "MemoryError",
+                }
+            )
+            return "oom"
+        except KeyboardInterrupt as exc:
+            self._report(exc)
+            return "interrupted"
+        except BaseException as exc:  # user code may raise anything, SystemExit included
+            self._report(exc)
+            return "error"
+        return "ok"
+
+    def _run(self, code: types.CodeType) -> Any:
+        if code.co_flags & CO_COROUTINE:
+            import asyncio
+
+            return asyncio.run(eval(code, self.namespace))
+        return eval(code, self.namespace)
+
+    def _report(self, exc: BaseException) -> None:
+        try:
+            self.flush_figures()
+        except Exception:
+            pass
+        self.flush_streams()
+        tb = exc.__traceback__
+        # Drop the kernel's own frames so the traceback starts in the user's cell.
+        while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell-"):
+            tb = tb.tb_next
+        lines = traceback.format_exception(type(exc), exc, tb)
+        self.emit(
+            {
+                "type": "error",
+                "name": type(exc).__name__,
+                "value": str(exc),
+                "traceback": "".join(lines),
+            }
+        )
+
+
+def _is_figure(obj: Any) -> bool:
+    return type(obj).__name__ == "Figure" and type(obj).__module__.startswith("matplotlib.")
+
+
+def main(argv: List[str]) -> int:
+    fd = int(argv[argv.index("--fd") + 1])
+    config = json.loads(argv[argv.index("--config") + 1]) if "--config" in argv else {}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    kernel = Kernel(Channel(fd), config)
+    kernel.install()
+    kernel.run()
+    return 0

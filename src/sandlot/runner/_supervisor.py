@@ -1,0 +1,774 @@
+"""The supervisor: the sandbox's side of the host channel.
+
+Started by the backend as the first process in the sandbox (under bwrap's pid 1).
+It owns the protocol socket to the host (fd 3) and:
+
+* applies the resource limits to itself before anything else (every process in the
+  sandbox inherits them) and refuses to start if one cannot be applied;
+* keeps one kernel process per code context and forwards ``execute`` requests;
+* enforces each cell's wall-clock timeout: SIGINT to the kernel and SIGKILL to every
+  process the cell started; if the kernel does not stop within the grace period it is
+  killed and restarted (variables lost, files kept);
+* caps output per cell and results per cell, with a visible marker;
+* runs ``commands.run`` and the ``files.*`` operations. These run inside the sandbox,
+  so a path or symlink can only ever reach what the sandbox itself can see.
+
+It is a child subreaper: processes orphaned by user code (double fork, setsid)
+re-parent here, where a timeout or a restart finds and kills them.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from sandlot.runner import BOOTSTRAP
+from sandlot.protocol import CHUNK_BYTES, HOST_REQUESTS, PROTOCOL_VERSION, ProtocolViolation, decode, encode
+
+PR_SET_CHILD_SUBREAPER = 36
+RLIMITS = {
+    "as": resource.RLIMIT_AS,
+    "cpu": resource.RLIMIT_CPU,
+    "nproc": resource.RLIMIT_NPROC,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nofile": resource.RLIMIT_NOFILE,
+    "core": resource.RLIMIT_CORE,
+}
+TEMPLATE_SHARE = "/opt/sandlot/template/share"
+
+
+
+# --- processes ------------------------------------------------------------------------
+
+
+def _process_table() -> Dict[int, int]:
+    """pid -> ppid for every process this pid namespace shows."""
+    table: Dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as handle:
+                data = handle.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses; fields follow the last ')'.
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            table[int(name)] = int(fields[1])
+    return table
+
+
+def _descendants(root: int, table: Dict[int, int]) -> List[int]:
+    children: Dict[int, List[int]] = {}
+    for pid, ppid in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: List[int] = []
+    stack = list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def _signal_all(pids: List[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+class Supervisor:
+    def __init__(self, sock: socket.socket, config: Dict[str, Any]) -> None:
+        self.sock = sock
+        self.config = config
+        self.send_lock = threading.Lock()
+        self.spawn_lock = threading.RLock()
+        self.known: Set[int] = set()
+        self.kernels: Dict[str, KernelProcess] = {}
+        self.workdir = str(config.get("workdir", "/home/user"))
+        self.output_bytes = config.get("output_bytes")
+        self.max_results = config.get("max_results")
+        self.result_bytes = config.get("result_bytes")
+        self.grace = float(config.get("kill_grace", 1.0))
+        self.lib = str(config.get("lib", "/opt/sandlot/lib"))
+
+    # --- host channel -----------------------------------------------------------------
+    def send(self, message: Dict[str, Any]) -> None:
+        data = encode(message)
+        with self.send_lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                os._exit(0)  # the host is gone; so is the sandbox
+
+    def reply(self, rid: str, value: Any = None) -> None:
+        self.send({"type": "reply", "id": rid, "ok": True, "value": value})
+
+    def fail(self, rid: str, name: str, message: str) -> None:
+        self.send({"type": "reply", "id": rid, "ok": False, "error": {"name": name, "message": message}})
+
+    def serve(self) -> None:
+        reader = self.sock.makefile("rb")
+        self.send({"type": "ready", "version": PROTOCOL_VERSION, "python": sys.version.split()[0]})
+        while True:
+            line = reader.readline()
+            if not line:
+                break
+            try:
+                request = decode(line, HOST_REQUESTS)
+            except ProtocolViolation as exc:
+                sys.stderr.write("sandlot runner: bad request: %s\n" % exc)
+                continue
+            if request["type"] == "shutdown":
+                break
+            thread = threading.Thread(target=self.dispatch, args=(request,), daemon=True)
+            thread.start()
+        self.shutdown()
+
+    def dispatch(self, request: Dict[str, Any]) -> None:
+        kind = request["type"]
+        rid = request["id"]
+        try:
+            handler: Callable[[Dict[str, Any]], None] = getattr(self, "on_" + kind)
+            handler(request)
+        except FileNotFoundError as exc:
+            self.fail(rid, "NotFoundError", _os_message(exc))
+        except OSError as exc:
+            self.fail(rid, "FileOperationError", _os_message(exc))
+        except Exception as exc:  # never leave the host waiting for a terminal event
+            if kind in ("execute", "command"):
+                self.send({"type": "error", "id": rid, "name": "RunnerError", "value": repr(exc), "traceback": ""})
+                self.send({"type": "exit", "id": rid, "status": "died"})
+            else:
+                self.fail(rid, "RunnerError", repr(exc))
+
+    def shutdown(self) -> None:
+        for kernel in list(self.kernels.values()):
+            kernel.stop()
+        self.kill_strays()
+        os._exit(0)
+
+    # --- process management -----------------------------------------------------------
+    def spawn(self, argv: List[str], **kwargs: Any) -> "subprocess.Popen[bytes]":
+        with self.spawn_lock:
+            proc = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs)
+            self.known.add(proc.pid)
+        return proc
+
+    def forget(self, pid: int) -> None:
+        with self.spawn_lock:
+            self.known.discard(pid)
+
+    def strays(self, table: Dict[int, int]) -> List[int]:
+        """Orphans re-parented to the supervisor that no kernel or command owns."""
+        me = os.getpid()
+        with self.spawn_lock:
+            return [pid for pid, ppid in table.items() if ppid == me and pid not in self.known]
+
+    def kill_tree(self, root: int, include_root: bool) -> None:
+        """Kill everything below ``root`` (and root itself if asked) plus all strays.
+
+        Processes are stopped before they are killed, repeatedly, so a fork bomb
+        cannot outrun the scan.
+        """
+        for _ in range(200):
+            table = _process_table()
+            victims = _descendants(root, table) + self.strays(table)
+            if include_root and root in table:
+                victims.append(root)
+            if not victims:
+                break
+            _signal_all(victims, signal.SIGSTOP)
+            _signal_all(victims, signal.SIGKILL)
+            self.reap_strays()
+            time.sleep(0.005)
+
+    def kill_strays(self) -> None:
+        for _ in range(200):
+            victims = self.strays(_process_table())
+            if not victims:
+                return
+            _signal_all(victims, signal.SIGKILL)
+            self.reap_strays()
+            time.sleep(0.005)
+
+    def reap_strays(self) -> None:
+        me = os.getpid()
+        table = _process_table()
+        with self.spawn_lock:
+            candidates = [pid for pid, ppid in table.items() if ppid == me and pid not in self.known]
+        for pid in candidates:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+    def reaper_loop(self) -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                self.reap_strays()
+            except Exception:
+                pass
+
+    # --- contexts ---------------------------------------------------------------------
+    def start_kernel(self, context_id: str, cwd: str, language: str = "python") -> "KernelProcess":
+        kernel = KernelProcess(self, context_id, cwd, language)
+        self.kernels[context_id] = kernel
+        return kernel
+
+    def on_create_context(self, request: Dict[str, Any]) -> None:
+        if request["language"] not in ("python", ""):
+            self.fail(request["id"], "InvalidArgumentError", "unsupported language %r" % request["language"])
+            return
+        cwd = self.resolve(request["cwd"] or self.workdir)
+        if not os.path.isdir(cwd):
+            self.fail(request["id"], "NotFoundError", "cwd %s is not a directory" % cwd)
+            return
+        context_id = uuid.uuid4().hex[:12]
+        kernel = self.start_kernel(context_id, cwd)
+        self.reply(request["id"], kernel.describe())
+
+    def on_list_contexts(self, request: Dict[str, Any]) -> None:
+        self.reply(request["id"], [k.describe() for k in self.kernels.values()])
+
+    def _kernel_or_fail(self, request: Dict[str, Any]) -> Optional["KernelProcess"]:
+        kernel = self.kernels.get(request["context"])
+        if kernel is None:
+            self.fail(request["id"], "ContextNotFoundError", "no code context %r" % request["context"])
+        return kernel
+
+    def on_restart_context(self, request: Dict[str, Any]) -> None:
+        kernel = self._kernel_or_fail(request)
+        if kernel is not None:
+            kernel.restart()
+            self.reply(request["id"], kernel.describe())
+
+    def on_remove_context(self, request: Dict[str, Any]) -> None:
+        kernel = self._kernel_or_fail(request)
+        if kernel is not None:
+            self.kernels.pop(kernel.context_id, None)
+            kernel.stop()
+            self.reply(request["id"])
+
+    def on_interrupt(self, request: Dict[str, Any]) -> None:
+        kernel = self._kernel_or_fail(request)
+        if kernel is not None:
+            kernel.interrupt()
+            self.reply(request["id"])
+
+    def on_execute(self, request: Dict[str, Any]) -> None:
+        kernel = self.kernels.get(request["context"])
+        if kernel is None:
+            rid = request["id"]
+            message = "no code context %r" % request["context"]
+            self.send({"type": "error", "id": rid, "name": "ContextNotFoundError", "value": message, "traceback": ""})
+            self.send({"type": "exit", "id": rid, "status": "error"})
+            return
+        kernel.execute(request)
+
+    # --- commands ---------------------------------------------------------------------
+    def on_command(self, request: Dict[str, Any]) -> None:
+        rid = request["id"]
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in request["envs"].items()})
+        cwd = self.resolve(request["cwd"] or self.workdir)
+        budget = OutputBudget(self, rid)
+        try:
+            proc = self.spawn(
+                ["/bin/sh", "-c", request["cmd"]], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as exc:
+            budget.text("stderr", "sandlot: could not start the command: %s\n" % _os_message(exc))
+            self.send({"type": "exit", "id": rid, "status": "error", "exit_code": 127})
+            return
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = [
+            threading.Thread(target=_pump, args=(proc.stdout, budget, "stdout"), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, budget, "stderr"), daemon=True),
+        ]
+        for pump in pumps:
+            pump.start()
+        status = "ok"
+        try:
+            code = proc.wait(timeout=float(request["timeout"]))
+        except subprocess.TimeoutExpired:
+            self.kill_tree(proc.pid, include_root=True)
+            proc.wait()
+            code = -1
+            status = "timeout"
+        # Pipes can stay open in a daemonised grandchild; never wait on them for long.
+        for pump in pumps:
+            pump.join(timeout=0.5)
+        self.forget(proc.pid)
+        if status == "ok" and code != 0:
+            status = "error"
+        message: Dict[str, Any] = {"type": "exit", "id": rid, "status": status, "exit_code": code}
+        if budget.truncated:
+            message["truncated"] = True
+        self.send(message)
+
+    # --- files ------------------------------------------------------------------------
+    def resolve(self, path: str) -> str:
+        return os.path.normpath(os.path.join(self.workdir, path))
+
+    def entry(self, path: str) -> Dict[str, Any]:
+        info = os.lstat(path)
+        kind = "dir" if stat.S_ISDIR(info.st_mode) else "file"
+        target = os.readlink(path) if stat.S_ISLNK(info.st_mode) else None
+        if target is not None and os.path.isdir(path):
+            kind = "dir"
+        return {
+            "name": os.path.basename(path) or path,
+            "type": kind,
+            "path": path,
+            "size": info.st_size,
+            "mode": stat.S_IMODE(info.st_mode),
+            "permissions": stat.filemode(info.st_mode),
+            "modified_time": info.st_mtime,
+            "symlink_target": target,
+        }
+
+    def on_fs_read(self, request: Dict[str, Any]) -> None:
+        rid = request["id"]
+        path = self.resolve(request["path"])
+        if os.path.isdir(path):
+            self.fail(rid, "FileOperationError", "%s is a directory" % path)
+            return
+        size = 0
+        with open(path, "rb") as handle:
+            while True:
+                chunk = handle.read(CHUNK_BYTES)
+                if not chunk:
+                    break
+                size += len(chunk)
+                self.send({"type": "data", "id": rid, "data": base64.b64encode(chunk).decode("ascii")})
+        self.reply(rid, {"size": size})
+
+    def on_fs_write(self, request: Dict[str, Any]) -> None:
+        path = self.resolve(request["path"])
+        try:
+            data = base64.b64decode(request["data"], validate=True)
+        except ValueError:
+            self.fail(request["id"], "InvalidArgumentError", "fs_write data is not base64")
+            return
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        with open(path, "ab" if request["append"] else "wb") as handle:
+            handle.write(data)
+        self.reply(request["id"], {"name": os.path.basename(path), "type": "file", "path": path})
+
+    def on_fs_list(self, request: Dict[str, Any]) -> None:
+        root = self.resolve(request["path"])
+        depth = max(1, int(request["depth"]))
+        if not os.path.isdir(root):
+            if os.path.lexists(root):
+                self.fail(request["id"], "FileOperationError", "%s is not a directory" % root)
+            else:
+                self.fail(request["id"], "NotFoundError", "%s does not exist" % root)
+            return
+        entries: List[Dict[str, Any]] = []
+
+        def walk(directory: str, level: int) -> None:
+            for name in sorted(os.listdir(directory)):
+                full = os.path.join(directory, name)
+                try:
+                    item = self.entry(full)
+                except OSError:
+                    continue
+                entries.append(item)
+                if level < depth and item["type"] == "dir" and not os.path.islink(full):
+                    walk(full, level + 1)
+
+        walk(root, 1)
+        self.reply(request["id"], entries)
+
+    def on_fs_stat(self, request: Dict[str, Any]) -> None:
+        self.reply(request["id"], self.entry(self.resolve(request["path"])))
+
+    def on_fs_remove(self, request: Dict[str, Any]) -> None:
+        path = self.resolve(request["path"])
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+        self.reply(request["id"])
+
+    def on_fs_mkdir(self, request: Dict[str, Any]) -> None:
+        path = self.resolve(request["path"])
+        if os.path.isdir(path):
+            self.reply(request["id"], False)
+            return
+        os.makedirs(path)
+        self.reply(request["id"], True)
+
+    def on_fs_rename(self, request: Dict[str, Any]) -> None:
+        src = self.resolve(request["src"])
+        dst = self.resolve(request["dst"])
+        parent = os.path.dirname(dst)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        os.rename(src, dst)
+        self.reply(request["id"], self.entry(dst))
+
+
+class OutputBudget:
+    """Per-cell accounting of stdout/stderr bytes and rich results, with markers."""
+
+    def __init__(self, supervisor: Supervisor, rid: str) -> None:
+        self.supervisor = supervisor
+        self.rid = rid
+        self.used = 0
+        self.results = 0
+        self.truncated = False
+        self.lock = threading.Lock()
+
+    def text(self, kind: str, text: str) -> None:
+        limit = self.supervisor.output_bytes
+        with self.lock:
+            if self.truncated:
+                return
+            size = len(text.encode("utf-8", "replace"))
+            if limit is not None and self.used + size > limit:
+                room = max(0, limit - self.used)
+                text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
+                text += "\n[sandlot: output truncated: more than %d bytes of stdout/stderr]\n" % limit
+                self.truncated = True
+            self.used += size
+        if text:
+            self.supervisor.send({"type": kind, "id": self.rid, "text": text})
+
+    def result(self, message: Dict[str, Any]) -> None:
+        limit = self.supervisor.max_results
+        size_limit = self.supervisor.result_bytes
+        with self.lock:
+            self.results += 1
+            count = self.results
+        if limit is not None and count > limit:
+            if count == limit + 1:
+                self.text("stderr", "[sandlot: more than %d results in one cell; the rest were dropped]\n" % limit)
+            return
+        if size_limit is not None and len(json.dumps(message["data"])) > size_limit:
+            self.text("stderr", "[sandlot: a result larger than %d bytes was dropped]\n" % size_limit)
+            return
+        self.supervisor.send(message)
+
+
+def _pump(stream: Any, budget: OutputBudget, kind: str) -> None:
+    while True:
+        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+        if not chunk:
+            return
+        budget.text(kind, chunk.decode("utf-8", "replace"))
+
+
+class Cell:
+    """State of the cell a kernel is running."""
+
+    def __init__(self, rid: str, budget: OutputBudget) -> None:
+        self.rid = rid
+        self.budget = budget
+        self.done = threading.Event()
+        self.finish_lock = threading.Lock()
+        self.timed_out = False
+        self.interrupted = False
+        self.timeout = 0.0
+
+
+class KernelProcess:
+    """A kernel subprocess for one code context, and the thread that listens to it."""
+
+    def __init__(self, supervisor: Supervisor, context_id: str, cwd: str, language: str) -> None:
+        self.supervisor = supervisor
+        self.context_id = context_id
+        self.cwd = cwd
+        self.language = language
+        self.exec_lock = threading.Lock()
+        self.cell: Optional[Cell] = None
+        self.stopping = False
+        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.launch()
+
+    def describe(self) -> Dict[str, Any]:
+        return {"id": self.context_id, "language": self.language, "cwd": self.cwd}
+
+    def launch(self) -> None:
+        ours, theirs = socket.socketpair()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        config = {"memory_mb": self.supervisor.config.get("memory_mb")}
+        argv = [sys.executable, "-I", "-c", BOOTSTRAP, self.supervisor.lib, "kernel",
+                "--fd", str(theirs.fileno()), "--config", json.dumps(config)]
+        try:
+            self.proc = self.supervisor.spawn(
+                argv, cwd=self.cwd, env=dict(os.environ), stdout=out_w, stderr=err_w, pass_fds=(theirs.fileno(),)
+            )
+        finally:
+            theirs.close()
+            os.close(out_w)
+            os.close(err_w)
+        self.sock = ours
+        self.pipes = {out_r: "stdout", err_r: "stderr"}
+        self.listener = threading.Thread(target=self.listen, args=(self.proc, ours, out_r, err_r), daemon=True)
+        self.listener.start()
+
+    # --- the listener thread ----------------------------------------------------------
+    def listen(self, proc: "subprocess.Popen[bytes]", sock: socket.socket, out_r: int, err_r: int) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(sock, selectors.EVENT_READ, "sock")
+        selector.register(out_r, selectors.EVENT_READ, "stdout")
+        selector.register(err_r, selectors.EVENT_READ, "stderr")
+        buffer = b""
+        open_pipes = {out_r, err_r}
+        sock_open = True
+        while sock_open:
+            for key, _ in selector.select():
+                if key.data == "sock":
+                    data = sock.recv(1 << 20)
+                    if not data:
+                        sock_open = False
+                        break
+                    buffer += data
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        self.on_kernel_event(line, out_r, err_r, open_pipes)
+                else:
+                    fd = key.fd
+                    self.read_pipe(fd, key.data, selector, open_pipes)
+        selector.close()
+        for fd in (out_r, err_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        sock.close()
+        self.on_kernel_gone(proc)
+
+    def read_pipe(self, fd: int, kind: str, selector: Any, open_pipes: Set[int]) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            selector.unregister(fd)
+            open_pipes.discard(fd)
+            return
+        cell = self.cell
+        if cell is not None and not cell.done.is_set():
+            cell.budget.text(kind, data.decode("utf-8", "replace"))
+
+    def drain_pipes(self, open_pipes: Set[int]) -> None:
+        """Forward whatever is already in the stdout/stderr pipes (before an exit)."""
+        for fd in list(open_pipes):
+            os.set_blocking(fd, False)
+            try:
+                while True:
+                    try:
+                        data = os.read(fd, 65536)
+                    except BlockingIOError:
+                        break
+                    if not data:
+                        break
+                    cell = self.cell
+                    if cell is not None:
+                        cell.budget.text(self.pipes[fd], data.decode("utf-8", "replace"))
+            finally:
+                os.set_blocking(fd, True)
+
+    def on_kernel_event(self, line: bytes, out_r: int, err_r: int, open_pipes: Set[int]) -> None:
+        cell = self.cell
+        if cell is None or cell.done.is_set():
+            return
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(message, dict) or message.get("id") != cell.rid:
+            return
+        kind = message.get("type")
+        if kind in ("stdout", "stderr") and isinstance(message.get("text"), str):
+            cell.budget.text(kind, message["text"])
+        elif kind == "result":
+            cell.budget.result(message)
+        elif kind == "error":
+            if cell.timed_out and message.get("name") == "KeyboardInterrupt":
+                message = self.timeout_error(cell, restarted=False)
+            self.supervisor.send(message)
+        elif kind == "exit":
+            self.drain_pipes(open_pipes)
+            status = message.get("status")
+            if cell.timed_out and status in ("interrupted", "error"):
+                status = "timeout"
+            self.finish(cell, status, message.get("execution_count"))
+
+    def timeout_error(self, cell: Cell, restarted: bool) -> Dict[str, Any]:
+        if restarted:
+            detail = "the kernel did not stop and was restarted; its variables were lost"
+        else:
+            detail = "the cell was interrupted; variables from earlier cells are kept"
+        return {
+            "type": "error",
+            "id": cell.rid,
+            "name": "TimeoutError",
+            "value": "execution timed out after %g seconds (%s)" % (cell.timeout, detail),
+            "traceback": "",
+        }
+
+    def finish(self, cell: Cell, status: Any, count: Any = None) -> None:
+        """Send the cell's one and only exit event."""
+        with cell.finish_lock:
+            if cell.done.is_set():
+                return
+            message: Dict[str, Any] = {"type": "exit", "id": cell.rid, "status": status}
+            if isinstance(count, int):
+                message["execution_count"] = count
+            if cell.budget.truncated:
+                message["truncated"] = True
+            self.supervisor.send(message)
+            cell.done.set()
+
+    def on_kernel_gone(self, proc: "subprocess.Popen[bytes]") -> None:
+        code = proc.wait()
+        self.supervisor.forget(proc.pid)
+        cell = self.cell
+        if cell is not None and not cell.done.is_set() and not cell.timed_out and not self.stopping:
+            if code == -signal.SIGKILL:
+                name, status = "OutOfMemoryError", "oom"
+                value = "the kernel was killed (SIGKILL), most likely for using too much memory; " \
+                        "it was restarted and its variables were lost"
+            elif code == -signal.SIGXCPU:
+                name, status = "TimeoutError", "timeout"
+                value = "the kernel used up its CPU time limit; it was restarted and its variables were lost"
+            else:
+                name, status = "KernelDiedError", "died"
+                value = "the kernel exited (status %s); it was restarted and its variables were lost" % code
+            self.supervisor.send({"type": "error", "id": cell.rid, "name": name, "value": value, "traceback": ""})
+            self.finish(cell, status)
+        if not self.stopping and proc is self.proc:
+            self.supervisor.kill_strays()
+            self.launch()  # a context always has a live kernel
+
+    # --- requests ---------------------------------------------------------------------
+    def execute(self, request: Dict[str, Any]) -> None:
+        with self.exec_lock:
+            cell = Cell(request["id"], OutputBudget(self.supervisor, request["id"]))
+            cell.timeout = float(request["timeout"])
+            self.cell = cell
+            message = {"type": "execute", "id": request["id"], "code": request["code"], "envs": request["envs"]}
+            try:
+                self.sock.sendall(encode(message))
+            except OSError:
+                pass  # the kernel died; its listener reports it and restarts it
+            if cell.done.wait(cell.timeout):
+                return
+            # Timeout: stop everything the cell started, then ask the kernel to stop.
+            cell.timed_out = True
+            proc = self.proc
+            if proc is not None:
+                self.supervisor.kill_tree(proc.pid, include_root=False)
+                _signal_all([proc.pid], signal.SIGINT)
+            if cell.done.wait(self.supervisor.grace):
+                return
+            self.supervisor.send(self.timeout_error(cell, restarted=True))
+            self.finish(cell, "timeout")
+            self.restart()
+
+    def interrupt(self) -> None:
+        proc = self.proc
+        cell = self.cell
+        if proc is not None and cell is not None and not cell.done.is_set():
+            cell.interrupted = True
+            self.supervisor.kill_tree(proc.pid, include_root=False)
+            _signal_all([proc.pid], signal.SIGINT)
+
+    def restart(self) -> None:
+        self.kill()
+        self.stopping = False
+        self.launch()
+
+    def kill(self) -> None:
+        self.stopping = True
+        proc = self.proc
+        if proc is None:
+            return
+        self.supervisor.kill_tree(proc.pid, include_root=True)
+        proc.wait()
+        self.listener.join(timeout=2)
+
+    def stop(self) -> None:
+        self.kill()
+
+
+def _os_message(exc: OSError) -> str:
+    if exc.filename:
+        return "%s: %s" % (exc.strerror or exc, exc.filename)
+    return str(exc.strerror or exc)
+
+
+def _apply_rlimits(limits: Dict[str, Any]) -> None:
+    for name, value in limits.items():
+        if value is None:
+            continue
+        resource.setrlimit(RLIMITS[name], (int(value), int(value)))
+
+
+def _prepare_home(home: str) -> None:
+    """Give the sandbox user the template's matplotlib settings and warm font cache."""
+    source = os.path.join(TEMPLATE_SHARE, "matplotlib")
+    if not os.path.isdir(source):
+        return
+    rc = os.path.join(source, "matplotlibrc")
+    if os.path.exists(rc):
+        os.makedirs(os.path.join(home, ".config", "matplotlib"), exist_ok=True)
+        shutil.copyfile(rc, os.path.join(home, ".config", "matplotlib", "matplotlibrc"))
+    cache = os.path.join(source, "cache")
+    if os.path.isdir(cache):
+        target = os.path.join(home, ".cache", "matplotlib")
+        os.makedirs(target, exist_ok=True)
+        for name in os.listdir(cache):
+            if name.endswith(".json"):
+                shutil.copyfile(os.path.join(cache, name), os.path.join(target, name))
+
+
+def main(argv: List[str]) -> int:
+    fd = int(argv[argv.index("--fd") + 1])
+    config = json.loads(argv[argv.index("--config") + 1])
+    try:
+        _apply_rlimits(config.get("rlimits", {}))
+    except (OSError, ValueError) as exc:
+        # Fail closed: the host sees no "ready" and reports this line.
+        sys.stderr.write("sandlot runner: cannot apply resource limits: %s\n" % exc)
+        return 70
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        sys.stderr.write("sandlot runner: cannot become a child subreaper\n")
+        return 70
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    home = str(config.get("workdir", "/home/user"))
+    try:
+        _prepare_home(home)
+    except OSError as exc:
+        sys.stderr.write("sandlot runner: could not copy matplotlib settings: %s\n" % exc)
+    supervisor = Supervisor(socket.socket(fileno=fd), config)
+    supervisor.start_kernel("default", home)
+    threading.Thread(target=supervisor.reaper_loop, daemon=True).start()
+    supervisor.serve()
+    return 0
