@@ -46,6 +46,11 @@ def _module_of(obj: Any) -> str:
     return type(obj).__module__ or ""
 
 
+def _from(module: str, package: str) -> bool:
+    # pandas >= 3 reports public classes as defined in "pandas" itself.
+    return module == package or module.startswith(package + ".")
+
+
 def _safe_repr(obj: Any) -> str:
     try:
         text = repr(obj)
@@ -97,11 +102,11 @@ def mimebundle(obj: Any) -> Dict[str, Any]:
             if value is not None:
                 bundle[mime] = _encode(mime, value)
     module = _module_of(obj)
-    if module.startswith("pandas."):
+    if _from(module, "pandas"):
         data = _pandas_data(obj)
         if data is not None:
             bundle[DATA_MIME] = data
-    elif module.startswith("matplotlib.") and type(obj).__name__ == "Figure":
+    elif _from(module, "matplotlib") and type(obj).__name__ == "Figure":
         bundle.update(figure_bundle(obj))
     bundle.setdefault("text/plain", _safe_repr(obj))
     return _json_safe_bundle(bundle)

@@ -490,6 +490,7 @@ class Cell:
         self.finish_lock = threading.Lock()
         self.timed_out = False
         self.interrupted = False
+        self.pending_exit: Optional[tuple] = None
         self.timeout = 0.0
 
 
@@ -502,6 +503,8 @@ class KernelProcess:
         self.cwd = cwd
         self.language = language
         self.exec_lock = threading.Lock()
+        self.state_lock = threading.RLock()
+        """Held while the kernel process is replaced, so requests see a live one."""
         self.cell: Optional[Cell] = None
         self.stopping = False
         self.proc: Optional["subprocess.Popen[bytes]"] = None
@@ -617,6 +620,11 @@ class KernelProcess:
             status = message.get("status")
             if cell.timed_out and status in ("interrupted", "error"):
                 status = "timeout"
+            if status == "oom":
+                # The kernel exits right after this; finish only once a fresh kernel
+                # is in place, so the next cell cannot reach the dying one.
+                cell.pending_exit = (status, message.get("execution_count"))
+                return
             self.finish(cell, status, message.get("execution_count"))
 
     def timeout_error(self, cell: Cell, restarted: bool) -> Dict[str, Any]:
@@ -649,22 +657,25 @@ class KernelProcess:
         code = proc.wait()
         self.supervisor.forget(proc.pid)
         cell = self.cell
-        if cell is not None and not cell.done.is_set() and not cell.timed_out and not self.stopping:
-            if code == -signal.SIGKILL:
-                name, status = "OutOfMemoryError", "oom"
-                value = "the kernel was killed (SIGKILL), most likely for using too much memory; " \
-                        "it was restarted and its variables were lost"
-            elif code == -signal.SIGXCPU:
-                name, status = "TimeoutError", "timeout"
-                value = "the kernel used up its CPU time limit; it was restarted and its variables were lost"
+        report: Optional[Dict[str, Any]] = None
+        status: Any = None
+        count: Any = None
+        if cell is not None and not cell.done.is_set() and not cell.timed_out:
+            if cell.pending_exit is not None:
+                status, count = cell.pending_exit
             else:
-                name, status = "KernelDiedError", "died"
-                value = "the kernel exited (status %s); it was restarted and its variables were lost" % code
-            self.supervisor.send({"type": "error", "id": cell.rid, "name": name, "value": value, "traceback": ""})
-            self.finish(cell, status)
+                name, status, value = _death_cause(code, self.stopping)
+                report = {"type": "error", "id": cell.rid, "name": name, "value": value, "traceback": ""}
+        # (a timed-out cell is reported by execute(), which also restarts the kernel)
         if not self.stopping and proc is self.proc:
-            self.supervisor.kill_strays()
-            self.launch()  # a context always has a live kernel
+            with self.state_lock:
+                if not self.stopping and proc is self.proc:
+                    self.supervisor.kill_strays()
+                    self.launch()  # a context always has a live kernel
+        if cell is not None and status is not None:
+            if report is not None:
+                self.supervisor.send(report)
+            self.finish(cell, status, count)
 
     # --- requests ---------------------------------------------------------------------
     def execute(self, request: Dict[str, Any]) -> None:
@@ -674,7 +685,8 @@ class KernelProcess:
             self.cell = cell
             message = {"type": "execute", "id": request["id"], "code": request["code"], "envs": request["envs"]}
             try:
-                self.sock.sendall(encode(message))
+                with self.state_lock:
+                    self.sock.sendall(encode(message))
             except OSError:
                 pass  # the kernel died; its listener reports it and restarts it
             if cell.done.wait(cell.timeout):
@@ -700,9 +712,10 @@ class KernelProcess:
             _signal_all([proc.pid], signal.SIGINT)
 
     def restart(self) -> None:
-        self.kill()
-        self.stopping = False
-        self.launch()
+        with self.state_lock:
+            self.kill()
+            self.stopping = False
+            self.launch()
 
     def kill(self) -> None:
         self.stopping = True
@@ -715,6 +728,19 @@ class KernelProcess:
 
     def stop(self) -> None:
         self.kill()
+
+
+def _death_cause(code: int, stopped: bool) -> "tuple[str, str, str]":
+    """Name, exit status and message for a kernel that went away mid-cell."""
+    lost = "it was restarted and its variables were lost"
+    if stopped:
+        return "KernelDiedError", "died", "the context was restarted or removed while the cell ran"
+    if code == -signal.SIGKILL:
+        return ("OutOfMemoryError", "oom",
+                "the kernel was killed (SIGKILL), most likely for using too much memory; " + lost)
+    if code == -signal.SIGXCPU:
+        return "TimeoutError", "timeout", "the kernel used up its CPU time limit; " + lost
+    return "KernelDiedError", "died", "the kernel exited (status %s); %s" % (code, lost)
 
 
 def _os_message(exc: OSError) -> str:

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up, then run every check CI runs: formatting, lint, types, and the test
+# suite against the real bubblewrap backend (a missing backend fails, not skips).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+log "ruff"
+.venv/bin/ruff format --check src tests examples
+.venv/bin/ruff check src tests examples
+log "mypy"
+.venv/bin/mypy
+log "pytest"
+SANDLOT_REQUIRE="bwrap,template" exec .venv/bin/python -m pytest "$@"
