@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -155,6 +156,12 @@ def _root_layout() -> tuple[dict[str, str], tuple[str, ...]]:
     return links, tuple(dirs)
 
 
+def _say(line: str) -> None:
+    # A first Sandbox() may build the template (about a minute); say so on stderr
+    # rather than look hung.
+    print(f"sandlot: {line}", file=sys.stderr, flush=True)
+
+
 class _StderrTail:
     """Keeps the last lines bwrap and the runner wrote to stderr, for error messages."""
 
@@ -186,7 +193,7 @@ class BwrapBackend(Backend):
             raise BackendUnavailable(f"bwrap backend unavailable: {probe.reason}. Fix: {probe.fix}")
         bwrap = _bwrap_path()
         assert bwrap is not None
-        template = ensure_template(spec.template)
+        template = ensure_template(spec.template, progress=_say)
         links, dirs = _root_layout()
         host_sock, child_sock = socket.socketpair()
         layout = HostLayout(

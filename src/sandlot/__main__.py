@@ -1,0 +1,5 @@
+"""``python -m sandlot`` is the ``sandlot`` command."""
+
+from sandlot.cli import main
+
+main()
