@@ -12,7 +12,7 @@
     │   ├── IsolationUnavailable    a layer the policy requires cannot be applied:
     │   │                           sandlot refuses to run (fail closed)
     │   └── SandboxStartError       the sandbox process did not come up
-    ├── SandboxLost                 the sandbox died outside a cell; it restarts on next use [exit 5]
+    ├── SandboxLost                 the sandbox died outside a cell; restarts on next use [exit 5]
     ├── SandboxClosed               the sandbox was used after ``kill()``              [exit 5]
     ├── ProtocolError               the runner sent something the protocol forbids     [exit 5]
     ├── FileOperationError          a files.* call failed inside the sandbox           [exit 1]

@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal
 
 ExecutionStatus = Literal["ok", "error", "timeout", "oom", "interrupted", "died"]
@@ -201,7 +201,7 @@ class CommandResult:
     """Why the command did not finish normally (timeout, output limit), else None."""
 
 
-class FileType(str, Enum):
+class FileType(StrEnum):
     FILE = "file"
     DIR = "dir"
 

@@ -675,7 +675,9 @@ class AsyncCommands:
         on_stderr: Callable[[OutputMessage], Any] | None = None,
     ) -> CommandResult:
         loop = asyncio.get_running_loop()
-        callbacks = Callbacks(on_stdout=_on_loop(loop, on_stdout), on_stderr=_on_loop(loop, on_stderr))
+        callbacks = Callbacks(
+            on_stdout=_on_loop(loop, on_stdout), on_stderr=_on_loop(loop, on_stderr)
+        )
         return await _in_thread(
             self._core.run_command, cmd, cwd=cwd, envs=envs, timeout=timeout, callbacks=callbacks
         )

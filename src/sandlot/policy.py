@@ -73,9 +73,7 @@ class Resources:
             known = {f.name for f in fields(cls)}
             unknown = set(value) - known
             if unknown:
-                raise PolicyError(
-                    f"unknown resource(s) {sorted(unknown)}; known: {sorted(known)}"
-                )
+                raise PolicyError(f"unknown resource(s) {sorted(unknown)}; known: {sorted(known)}")
             return cls(**value)
         raise PolicyError(f"resources must be a Resources or a mapping, not {type(value).__name__}")
 

@@ -9,6 +9,7 @@ an attack: the sandbox is killed and every waiting call gets :class:`SandboxLost
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -100,8 +101,7 @@ class ChannelHandle(SandboxHandle):
         except queue.Empty:
             self.kill()
             raise SandboxStartError(
-                f"the sandbox did not become ready within {timeout:g} s"
-                + self._stderr_suffix()
+                f"the sandbox did not become ready within {timeout:g} s" + self._stderr_suffix()
             ) from None
         if item is _DEAD:
             raise SandboxStartError(
@@ -124,10 +124,8 @@ class ChannelHandle(SandboxHandle):
 
     def kill(self) -> None:
         self._die("the sandbox was killed")
-        try:
+        with contextlib.suppress(OSError):
             self._process.kill()
-        except OSError:
-            pass
         try:
             self._process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -136,10 +134,8 @@ class ChannelHandle(SandboxHandle):
         self._waiter.join(timeout=10)
 
     def _close_socket(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._sock.close()
 
     def _die(self, reason: str) -> None:

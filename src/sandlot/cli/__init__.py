@@ -67,7 +67,9 @@ def _parse_env(values: tuple[str, ...]) -> dict[str, str]:
 @click.argument("file", required=False, type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("-c", "--code", help="Code to run instead of FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the outcome.")
-@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds the code may run.")
+@click.option(
+    "--timeout", type=float, default=60.0, show_default=True, help="Seconds the code may run."
+)
 @click.option("--memory", "memory_mb", type=click.IntRange(min=64), help="Memory limit, MiB.")
 @click.option(
     "--file",
@@ -76,7 +78,9 @@ def _parse_env(values: tuple[str, ...]) -> dict[str, str]:
     metavar="LOCAL[:REMOTE]",
     help="Upload a file before running (REMOTE is relative to /home/user). Repeatable.",
 )
-@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Environment variable.")
+@click.option(
+    "--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Environment variable."
+)
 @click.option("--backend", default="auto", show_default=True, help="Isolation backend.")
 @click.option("--template", default="python-data", show_default=True)
 @click.option(

@@ -46,7 +46,11 @@ def _seccomp() -> tuple[str, str]:
 
 
 def _cjk_font() -> bool:
-    patterns = ("/usr/share/fonts/**/*wqy*", "/usr/share/fonts/**/*CJK*", "/usr/share/fonts/**/*Droid*")
+    patterns = (
+        "/usr/share/fonts/**/*wqy*",
+        "/usr/share/fonts/**/*CJK*",
+        "/usr/share/fonts/**/*Droid*",
+    )
     return any(glob.glob(pattern, recursive=True) for pattern in patterns)
 
 

@@ -112,5 +112,7 @@ def decode(line: bytes, schema: Mapping[str, Mapping[str, Tuple[type, ...]]]) ->
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise ProtocolViolation(f"{kind}.{name} missing or not {types[0].__name__}")
     if kind == "exit" and message["status"] not in EXIT_STATUSES:
-        raise ProtocolViolation(f"exit.status {message['status']!r} is not one of {sorted(EXIT_STATUSES)}")
+        raise ProtocolViolation(
+            f"exit.status {message['status']!r} is not one of {sorted(EXIT_STATUSES)}"
+        )
     return message

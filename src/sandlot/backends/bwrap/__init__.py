@@ -46,6 +46,10 @@ _HOST_FIX = (
 
 
 def _bwrap_path() -> str | None:
+    """The bwrap binary: ``$SANDLOT_BWRAP`` if set (and then only that), else PATH."""
+    configured = os.environ.get("SANDLOT_BWRAP")
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
     return shutil.which("bwrap") or next(
         (p for p in ("/usr/bin/bwrap", "/usr/local/bin/bwrap") if os.access(p, os.X_OK)), None
     )
@@ -74,7 +78,15 @@ def _probe() -> Probe:
     details: dict[str, str] = {}
     bwrap = _bwrap_path()
     if bwrap is None:
-        return Probe("bwrap", False, "bubblewrap (bwrap) is not installed", _HOST_FIX, 10, details)
+        where = os.environ.get("SANDLOT_BWRAP") or "PATH"
+        return Probe(
+            "bwrap",
+            False,
+            f"bubblewrap (bwrap) is not installed (looked in {where})",
+            _HOST_FIX,
+            10,
+            details,
+        )
     version = _version(bwrap)
     details["bwrap"] = f"{bwrap} {'.'.join(map(str, version or ()))}"
     if version is None or version < MIN_VERSION:

@@ -1,0 +1,88 @@
+"""When isolation is unavailable, sandlot refuses to run: it never falls back.
+
+Both cases are real: a missing bwrap binary, and a host where user namespaces are
+refused (the test runs sandlot inside an outer bubblewrap sandbox started with
+--disable-userns, so the kernel itself denies the namespaces sandlot asks for).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import sandlot
+    from sandlot.backends.bwrap import BwrapBackend
+    outcome = {}
+    try:
+        sandlot.Sandbox(timeout=None).kill()
+        outcome["ran"] = True
+    except sandlot.BackendUnavailable as exc:
+        outcome["error"] = type(exc).__name__
+        outcome["message"] = str(exc)
+    outcome["probe"] = BwrapBackend.probe().available
+    print(json.dumps(outcome))
+    """
+)
+
+
+def _run_child(argv_prefix: list[str], env: dict[str, str]) -> dict[str, object]:
+    result = subprocess.run(
+        [*argv_prefix, sys.executable, "-c", CHILD],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_missing_bwrap_refuses_with_fix() -> None:
+    env = {**os.environ, "SANDLOT_BWRAP": "/nonexistent/bwrap"}
+    outcome = _run_child([], env)
+    assert "ran" not in outcome
+    assert outcome["error"] == "BackendUnavailable"
+    message = str(outcome["message"])
+    assert "not installed" in message
+    assert "apt-get install bubblewrap" in message
+    assert "never runs code unsandboxed" in message
+    assert outcome["probe"] is False
+
+
+@pytest.mark.requires_bwrap
+def test_refused_user_namespaces_refuse_with_fix() -> None:
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None
+    # An outer sandbox that sees the whole host read-only but may not create user
+    # namespaces: exactly what a locked-down host (or a default container) looks like.
+    outer = [
+        bwrap,
+        "--unshare-user",
+        "--disable-userns",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        "--",
+    ]
+    outcome = _run_child(outer, dict(os.environ))
+    assert "ran" not in outcome
+    assert outcome["error"] == "BackendUnavailable"
+    message = str(outcome["message"])
+    assert "cannot create namespaces" in message
+    assert "user namespaces" in message  # the fix names the knob to turn
+    assert outcome["probe"] is False
