@@ -44,6 +44,7 @@ class ExecutionBuilder:
         self._max_results = resources.max_results
         self._result_bytes = resources.result_bytes
         self._output_used = 0
+        self._marked = False
         self.finished = False
 
     def add(self, event: dict[str, Any]) -> None:
@@ -59,16 +60,18 @@ class ExecutionBuilder:
 
     def _text(self, kind: str, text: str) -> None:
         if self._output_limit is not None:
-            if self._output_used >= self._output_limit + _SLACK:
-                self.execution.truncated = True
-                return
-            size = len(text.encode("utf-8", "replace"))
+            if self._marked:
+                return  # already cut: drop everything after the marker
+            data = text.encode("utf-8", "replace")
             room = self._output_limit + _SLACK - self._output_used
-            self._output_used += size
-            if size > room:
-                text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
+            self._output_used += len(data)
+            if len(data) > room:
+                # Cut once, with the marker. room can be 0 when earlier chunks filled the
+                # budget exactly; the marker must still show (it used to be skipped then).
+                text = data[:room].decode("utf-8", "ignore")
                 text += TRUNCATION_MARKER.format(limit=self._output_limit)
                 self.execution.truncated = True
+                self._marked = True
         logs = self.execution.logs.stdout if kind == "stdout" else self.execution.logs.stderr
         logs.append(text)
         callback = self.callbacks.on_stdout if kind == "stdout" else self.callbacks.on_stderr

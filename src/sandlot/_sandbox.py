@@ -14,6 +14,8 @@ import base64
 import functools
 import inspect
 import itertools
+import math
+import numbers
 import threading
 import time
 import uuid
@@ -113,8 +115,8 @@ class _Core:
 
     def set_timeout(self, timeout: float | None) -> None:
         """Kill the sandbox ``timeout`` seconds from now (None: live until killed)."""
-        if timeout is not None and timeout <= 0:
-            raise InvalidArgumentError("timeout must be positive seconds or None")
+        if timeout is not None:
+            timeout = _seconds(timeout)
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
@@ -141,14 +143,18 @@ class _Core:
         return self._ensure().request({**message, "id": self._next_id()})
 
     # --- request/reply ----------------------------------------------------------------
-    def call(self, message: dict[str, Any], timeout: float = REQUEST_TIMEOUT) -> Any:
+    def call(self, message: dict[str, Any], timeout: float | None = None) -> Any:
         """Send a request that ends in a ``reply``; return its value or raise."""
+        timeout = REQUEST_TIMEOUT if timeout is None else timeout  # read now: patchable
         stream = self._stream(message)
         deadline = time.monotonic() + timeout
         try:
             while True:
                 event = stream.next(max(0.0, deadline - time.monotonic()))
                 if event is None:
+                    # SandboxLost promises a new sandbox on next use: do not leave the
+                    # silent one in place (every later call would hang on it too).
+                    self._discard_handle()
                     raise SandboxLost(
                         f"the sandbox did not answer {message['type']} within {timeout:g} s"
                     )
@@ -179,9 +185,7 @@ class _Core:
             raise InvalidArgumentError(
                 f"language {language!r} is not supported; sandlot runs Python"
             )
-        limit = DEFAULT_CELL_TIMEOUT if timeout is None else float(timeout)
-        if limit <= 0:
-            raise InvalidArgumentError("timeout must be positive seconds")
+        limit = DEFAULT_CELL_TIMEOUT if timeout is None else _seconds(timeout)
         builder = ExecutionBuilder(self.spec.resources, callbacks)
         started = time.monotonic()
         try:
@@ -271,9 +275,7 @@ class _Core:
     ) -> CommandResult:
         if not isinstance(cmd, str) or not cmd.strip():
             raise InvalidArgumentError("cmd must be a non-empty string")
-        limit = DEFAULT_COMMAND_TIMEOUT if timeout is None else float(timeout)
-        if limit <= 0:
-            raise InvalidArgumentError("timeout must be positive seconds")
+        limit = DEFAULT_COMMAND_TIMEOUT if timeout is None else _seconds(timeout)
         builder = CommandBuilder(self.spec.resources, callbacks)
         stream = self._stream(
             {
@@ -302,11 +304,17 @@ class _Core:
 
     # --- files ------------------------------------------------------------------------
     def read_chunks(self, path: str) -> Iterator[bytes]:
-        stream = self._stream({"type": "fs_read", "path": _check_path(path)})
+        # Check the path now: a generator would only do so on the first next(), so
+        # files.read(bad, format="stream") used to "succeed".
+        return self._read_chunks(_check_path(path))
+
+    def _read_chunks(self, path: str) -> Iterator[bytes]:
+        stream = self._stream({"type": "fs_read", "path": path})
         try:
             while True:
                 event = stream.next(REQUEST_TIMEOUT)
                 if event is None:
+                    self._discard_handle()  # as in call()
                     raise SandboxLost(f"the sandbox stopped sending {path}")
                 if event["type"] == "data":
                     yield base64.b64decode(event["data"])
@@ -368,12 +376,35 @@ def _check_path(path: str) -> str:
     return path
 
 
+def _seconds(timeout: float) -> float:
+    """A timeout as positive, finite seconds, or InvalidArgumentError."""
+    # Not bool (an int), not a str; NaN and inf used to pass "<= 0" and then broke the
+    # deadline arithmetic (an instant host-side kill, or OverflowError in a wait).
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, numbers.Real)
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= threading.TIMEOUT_MAX
+    ):
+        raise InvalidArgumentError(f"timeout must be positive, finite seconds, not {timeout!r}")
+    return float(timeout)
+
+
 def _check_envs(envs: Mapping[str, str] | None) -> dict[str, str]:
     if not envs:
         return {}
+    if not isinstance(envs, Mapping):
+        raise InvalidArgumentError(f"envs must be a mapping, not {type(envs).__name__}")
     checked = {}
     for key, value in envs.items():
-        if not isinstance(key, str) or not isinstance(value, str) or not key or "=" in key:
+        # NUL as in SandboxSpec: it cannot be in an environment; the runner would fail.
+        if (
+            not isinstance(key, str)
+            or not isinstance(value, str)
+            or not key
+            or "=" in key
+            or "\0" in key + value
+        ):
             raise InvalidArgumentError(f"invalid environment variable {key!r}")
         checked[key] = value
     return checked

@@ -82,7 +82,13 @@ class ProtocolViolation(ValueError):
 
 def encode(message: Mapping[str, Any]) -> bytes:
     """Serialise one message to a newline-terminated line of compact JSON."""
-    return (json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return (text + "\n").encode()
+    except UnicodeEncodeError:
+        # Lone surrogates (text decoded with "surrogateescape", e.g. a file name) are
+        # not UTF-8. ASCII-escaped JSON carries them as \udcxx and decodes them back.
+        return (json.dumps(message, separators=(",", ":")) + "\n").encode()
 
 
 def decode(line: bytes, schema: Mapping[str, Mapping[str, Tuple[type, ...]]]) -> Dict[str, Any]:
@@ -96,7 +102,9 @@ def decode(line: bytes, schema: Mapping[str, Mapping[str, Tuple[type, ...]]]) ->
         raise ProtocolViolation(f"message of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
     try:
         message = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: deeply nested arrays (cheap to send, fatal to an unguarded
+        # reader thread) are a violation like any other malformed input.
         raise ProtocolViolation(f"not JSON: {exc}") from None
     if not isinstance(message, dict):
         raise ProtocolViolation("message is not a JSON object")

@@ -55,7 +55,11 @@ def _safe_repr(obj: Any) -> str:
     try:
         text = repr(obj)
     except Exception as exc:  # a broken __repr__ must not break the cell
-        text = "<repr failed: %s: %s>" % (type(exc).__name__, exc)
+        try:
+            detail = str(exc)
+        except Exception:  # nor may an exception whose __str__ is broken too
+            detail = "?"
+        text = "<repr failed: %s: %s>" % (type(exc).__name__, detail)
     if len(text) > TEXT_LIMIT:
         text = text[:TEXT_LIMIT] + "\n[sandlot: repr truncated, %d characters in all]" % len(text)
     return text
@@ -212,7 +216,9 @@ def _axes_chart(ax: Any) -> Dict[str, Any]:
         "x_label": ax.get_xlabel() or None,
         "y_label": ax.get_ylabel() or None,
     }
-    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_child")]
+    # Every line is data. matplotlib names unlabelled artists "_child0", "_child1"...;
+    # dropping those turned the commonest chart, plt.plot(ys), into type "unknown".
+    lines = list(ax.get_lines())
     patches = list(ax.patches)
     collections = list(ax.collections)
     wedges = [p for p in patches if type(p).__name__ == "Wedge"]
@@ -246,7 +252,7 @@ def _axes_chart(ax: Any) -> Dict[str, Any]:
         chart["type"] = "line"
         chart["elements"] = [
             {
-                "label": line.get_label(),
+                "label": _label(line),
                 "points": [
                     [_jsonable(x), _jsonable(y)]
                     for x, y in list(zip(line.get_xdata(), line.get_ydata()))[:DATA_ROWS]
@@ -268,6 +274,12 @@ def _axes_chart(ax: Any) -> Dict[str, Any]:
         chart["type"] = "unknown"
         chart["elements"] = []
     return chart
+
+
+def _label(artist: Any) -> str:
+    """An artist's legend label; "" for matplotlib's automatic ones ("_child0", ...)."""
+    label = str(artist.get_label())
+    return "" if label.startswith("_") else label
 
 
 def _nearest_tick(ax: Any, x: float, labels: List[str]) -> str:

@@ -8,13 +8,16 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import queue
 import re
 import shutil
 import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import sandlot.protocol
 import sandlot.runner
@@ -183,11 +186,57 @@ class _StderrTail:
         self.thread.start()
 
     def _pump(self, stream: object) -> None:
-        for raw in stream:  # type: ignore[attr-defined]
-            self.lines.append(raw.decode("utf-8", "replace").rstrip())
+        try:
+            for raw in stream:  # type: ignore[attr-defined]
+                self.lines.append(raw.decode("utf-8", "replace").rstrip())
+        finally:
+            # EOF: the sandbox is gone. Close the pipe here instead of leaving it to the
+            # garbage collector, which held the fd until then and raised ResourceWarning.
+            stream.close()  # type: ignore[attr-defined]
 
     def __call__(self) -> str:
         return "\n".join(self.lines)
+
+
+class _Spawner:
+    """Starts every bwrap process from one thread that lives as long as this process.
+
+    ``--die-with-parent`` is ``PR_SET_PDEATHSIG``, and Linux delivers it when the
+    *thread* that forked the child exits, not the process. Popen'ed from the caller's
+    thread, a sandbox created in a short-lived thread (a worker, a request handler,
+    ``asyncio.to_thread``) was killed the moment that thread ended, and the next call
+    silently started a new, empty one. From this thread, the sandbox still dies with
+    the process (SIGKILL included), which is what --die-with-parent is for.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Future[subprocess.Popen[bytes]], list[str], Any]]
+        self._jobs = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        done: Future[subprocess.Popen[bytes]] = Future()
+        with self._lock:
+            # Not alive after os.fork() in a child process: start one there too.
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._serve, name="sandlot-bwrap-spawner", daemon=True
+                )
+                self._thread.start()
+            self._jobs.put((done, argv, kwargs))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            done, argv, kwargs = self._jobs.get()
+            try:
+                done.set_result(subprocess.Popen(argv, **kwargs))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+
+_SPAWNER = _Spawner()
 
 
 class BwrapBackend(Backend):
@@ -223,7 +272,7 @@ class BwrapBackend(Backend):
         try:
             # env={}: bwrap's own process (pid 1 inside) keeps the environment it was
             # started with, visible as /proc/1/environ; give it nothing.
-            process = subprocess.Popen(
+            process = _SPAWNER.popen(
                 argv,
                 env={},
                 stdin=subprocess.DEVNULL,

@@ -17,7 +17,7 @@ What the argv sets up (see SECURITY.md for what it does *not* guarantee):
   nothing else of the host: no ``/root``, ``/home``, ``/tmp``, ``/sys``, ``/var``,
   ``/run``, no project directory;
 * writable, size-capped tmpfs at ``/home/user`` (the working directory), ``/tmp`` and
-  ``/dev/shm``; a private ``/proc`` and a minimal ``/dev``;
+  ``/dev/shm``; a private ``/proc`` and a minimal, read-only ``/dev``;
 * an environment of only ``PATH``, ``HOME``, ``LANG`` and the caller's ``envs``
   (``--clearenv``; the backend also starts bwrap itself with an empty environment,
   so ``/proc/1/environ`` inside holds nothing of the host).
@@ -161,6 +161,11 @@ def build_argv(spec: SandboxSpec, layout: HostLayout, bwrap: str = "bwrap") -> l
     argv += _tmpfs("/dev/shm", r.tmp_mb, "1777")
     argv += _tmpfs(HOME, r.disk_mb, "0755")
     argv += ["--chdir", HOME]
+    # Nothing can be created in /dev either: bwrap's --dev is a tmpfs with no size
+    # option (the kernel default, half the host's RAM), writable by the sandbox user,
+    # which bypassed disk_mb and tmp_mb. A remount is not recursive: the device nodes,
+    # /dev/pts and the capped /dev/shm (mounted above) stay writable.
+    argv += ["--remount-ro", "/dev"]
     # Nothing can be created at the top level once the mounts are in place.
     argv += ["--remount-ro", "/"]
 

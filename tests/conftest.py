@@ -1,0 +1,197 @@
+"""Shared test setup: host prerequisites and sandbox fixtures.
+
+Tests marked ``requires_bwrap`` need a working bubblewrap backend; tests marked
+``requires_template`` need the ``python-data`` template built. Each prerequisite is
+checked once per session (cached). When one is missing the test is skipped with
+the reason, unless ``$SANDLOT_REQUIRE`` names it ("bwrap", "template"; CI sets
+it): then the test fails, so a broken CI host cannot pass by skipping everything.
+
+The checks run in ``pytest_runtest_setup`` (before any fixture), so a module- or
+session-scoped sandbox fixture is never started on a host that cannot run it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from sandlot import Sandbox
+
+TEMPLATE = "python-data"
+FIXTURE_TIMEOUT = 900
+"""Seconds a fixture sandbox may live (the SDK default of 300 s could end a long module)."""
+
+
+@functools.cache
+def _bwrap_problem() -> str | None:
+    """Why the bwrap backend cannot run here, or None if it can (probed once)."""
+    from sandlot.backends.bwrap import BwrapBackend
+
+    probe = BwrapBackend.probe()
+    if probe.available:
+        return None
+    return probe.reason or "bwrap backend unavailable (the probe gave no reason)"
+
+
+@functools.cache
+def _template_problem() -> str | None:
+    """Why the python-data template cannot be used, or None if it is built."""
+    from sandlot.templates import find_template
+
+    if find_template(TEMPLATE) is None:
+        return f"template {TEMPLATE!r} is not built (run: sandlot template build {TEMPLATE})"
+    return None
+
+
+_PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
+    # (marker, word in $SANDLOT_REQUIRE that turns a skip into a failure, check)
+    ("requires_bwrap", "bwrap", _bwrap_problem),
+    ("requires_template", "template", _template_problem),
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    required = os.environ.get("SANDLOT_REQUIRE", "")
+    for marker, word, check in _PREREQUISITES:
+        if item.get_closest_marker(marker) is None:
+            continue
+        problem = check()
+        if problem is None:
+            continue
+        if word in required:
+            pytest.fail(f"SANDLOT_REQUIRE={required!r} but {problem}", pytrace=False)
+        pytest.skip(problem)
+
+
+def _start(**kwargs: Any) -> Sandbox:
+    kwargs.setdefault("timeout", FIXTURE_TIMEOUT)
+    return Sandbox(TEMPLATE, backend="bwrap", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    """A sandbox shared by a module's tests: only for tests that leave it usable and
+    do not depend on state other tests might leave (use unique names)."""
+    sbx = _start()
+    try:
+        yield sbx
+    finally:
+        sbx.kill()
+
+
+@pytest.fixture
+def fresh_sandbox() -> Iterator[Sandbox]:
+    """A sandbox of the test's own, for tests that kill, restart or inspect it whole."""
+    sbx = _start()
+    try:
+        yield sbx
+    finally:
+        sbx.kill()
+
+
+@pytest.fixture
+def make_sandbox() -> Iterator[Callable[..., Sandbox]]:
+    """Factory for sandboxes with custom arguments; all are killed after the test."""
+    started: list[Sandbox] = []
+
+    def make(**kwargs: Any) -> Sandbox:
+        sbx = _start(**kwargs)
+        started.append(sbx)
+        return sbx
+
+    try:
+        yield make
+    finally:
+        for sbx in started:
+            sbx.kill()
+
+
+# --- code run inside sandboxes ---------------------------------------------------------
+
+DAEMON_PROGRAM = """
+import os, signal, sys, time
+if os.fork():
+    os._exit(0)
+os.setsid()
+if os.fork():
+    os._exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+open("/tmp/%s.ready" % sys.argv[1], "w").close()
+while True:
+    time.sleep(1)
+"""
+"""A well-behaved daemon (double fork, setsid, stdio closed) that ignores SIGTERM and
+SIGHUP. Started as ``python -c DAEMON_PROGRAM <marker>``, so ``<marker>`` is in its argv
+(``/proc/PID/cmdline``) for its whole life; it creates ``/tmp/<marker>.ready`` once it
+is the daemon (the two processes before it also carry the marker, briefly)."""
+
+
+@pytest.fixture
+def daemon_cell() -> Callable[[str], str]:
+    """``daemon_cell(marker)`` -> cell code that leaves a daemon with ``marker`` in its
+    argv running (its parent exits at once; the daemon is re-parented in the sandbox)."""
+
+    def code(marker: str) -> str:
+        return (
+            "import os, subprocess, sys, time\n"
+            f"subprocess.run([sys.executable, '-c', {DAEMON_PROGRAM!r}, {marker!r}], check=True)\n"
+            "for _ in range(200):\n"
+            f"    if os.path.exists('/tmp/{marker}.ready'):\n"
+            "        break\n"
+            "    time.sleep(0.05)\n"
+            "else:\n"
+            "    raise RuntimeError('the daemon did not start')\n"
+        )
+
+    return code
+
+
+PROCESS_LIST_CELL = """
+import json, os
+def _sandlot_processes():
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as handle:
+                stat = handle.read()
+            with open("/proc/%s/cmdline" % name, "rb") as handle:
+                cmdline = handle.read()
+        except OSError:
+            continue  # exited while we looked
+        fields = stat[stat.rfind(b")") + 2:].split()
+        found.append({
+            "pid": int(name),
+            "ppid": int(fields[1]),
+            "state": fields[0].decode(),
+            "comm": stat[stat.find(b"(") + 1:stat.rfind(b")")].decode("utf-8", "replace"),
+            "cmdline": cmdline.replace(b"\\0", b" ").decode("utf-8", "replace").strip(),
+        })
+    return found
+print(json.dumps({"self": os.getpid(), "processes": _sandlot_processes()}))
+"""
+"""Cell code printing every process the sandbox can see as one JSON document."""
+
+
+@pytest.fixture
+def list_processes() -> Callable[[Sandbox], tuple[int, list[dict[str, Any]]]]:
+    """``list_processes(sbx)`` -> (pid of the listing kernel, every process in ``sbx``)."""
+
+    def run(sbx: Sandbox) -> tuple[int, list[dict[str, Any]]]:
+        execution = sbx.run_code(PROCESS_LIST_CELL, timeout=30)
+        assert execution.error is None, execution.error
+        document = json.loads("".join(execution.logs.stdout))
+        return document["self"], document["processes"]
+
+    return run
