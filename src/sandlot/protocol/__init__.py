@@ -2,7 +2,7 @@
 
 This module is the only code both sides of the sandbox boundary import. It is
 stdlib-only and must stay importable by the guest interpreter of any template
-(Python >= 3.9), because the backend mounts it read-only into the sandbox next to
+(Python >= 3.10), because the backend mounts it read-only into the sandbox next to
 ``sandlot.runner``. ``docs/protocol.md`` is the normative description; this module
 is its executable form.
 

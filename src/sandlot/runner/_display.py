@@ -169,11 +169,17 @@ def _pandas_data(obj: Any) -> Optional[Dict[str, Any]]:
         head = obj.head(DATA_ROWS)
         return {
             "type": "dataframe",
-            "columns": [_jsonable(c) if not isinstance(c, tuple) else [_jsonable(x) for x in c]
-                        for c in head.columns.tolist()],
-            "index": [_jsonable(i) if not isinstance(i, tuple) else [_jsonable(x) for x in i]
-                      for i in head.index.tolist()],
-            "data": [[_jsonable(v) for v in row] for row in head.itertuples(index=False, name=None)],
+            "columns": [
+                _jsonable(c) if not isinstance(c, tuple) else [_jsonable(x) for x in c]
+                for c in head.columns.tolist()
+            ],
+            "index": [
+                _jsonable(i) if not isinstance(i, tuple) else [_jsonable(x) for x in i]
+                for i in head.index.tolist()
+            ],
+            "data": [
+                [_jsonable(v) for v in row] for row in head.itertuples(index=False, name=None)
+            ],
             "dtypes": [str(t) for t in head.dtypes.tolist()],
             "shape": shape,
             "truncated": shape[0] > DATA_ROWS,
@@ -242,7 +248,9 @@ def _axes_chart(ax: Any) -> Dict[str, Any]:
             elements.append(
                 {
                     "label": _nearest_tick(ax, x, ticks),
-                    "group": str(bar.get_label()) if not str(bar.get_label()).startswith("_") else "",
+                    "group": str(bar.get_label())
+                    if not str(bar.get_label()).startswith("_")
+                    else "",
                     "value": _jsonable(bar.get_height()),
                 }
             )
@@ -251,13 +259,7 @@ def _axes_chart(ax: Any) -> Dict[str, Any]:
     elif lines:
         chart["type"] = "line"
         chart["elements"] = [
-            {
-                "label": _label(line),
-                "points": [
-                    [_jsonable(x), _jsonable(y)]
-                    for x, y in list(zip(line.get_xdata(), line.get_ydata()))[:DATA_ROWS]
-                ],
-            }
+            {"label": _label(line), "points": _points(line.get_xdata(), line.get_ydata())}
             for line in lines
         ]
     elif collections and any(type(c).__name__ == "PathCollection" for c in collections):
@@ -274,6 +276,11 @@ def _axes_chart(ax: Any) -> Dict[str, Any]:
         chart["type"] = "unknown"
         chart["elements"] = []
     return chart
+
+
+def _points(xs: Any, ys: Any) -> List[List[Any]]:
+    pairs = list(zip(xs, ys, strict=False))[:DATA_ROWS]
+    return [[_jsonable(x), _jsonable(y)] for x, y in pairs]
 
 
 def _label(artist: Any) -> str:

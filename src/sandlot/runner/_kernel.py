@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import ctypes
 import gc
 import importlib.abc
@@ -30,7 +31,7 @@ import threading
 import time
 import traceback
 import types
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from sandlot.protocol import encode
 from sandlot.runner import _display
@@ -126,7 +127,7 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
 
     def __init__(self, patches: Dict[str, Any]) -> None:
         self.patches = patches
-        self.busy: set = set()
+        self.busy: Set[str] = set()
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name not in self.patches or name in self.busy:
@@ -140,16 +141,14 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
             return None
         loader = spec.loader
         patch = self.patches[name]
-        original_exec = loader.exec_module  # type: ignore[attr-defined]
+        original_exec = loader.exec_module
 
         def exec_module(module: types.ModuleType) -> None:
             original_exec(module)
-            try:
+            with contextlib.suppress(Exception):
                 patch(module)
-            except Exception:
-                pass
 
-        loader.exec_module = exec_module  # type: ignore[attr-defined]
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
@@ -166,7 +165,7 @@ class Kernel:
         }
         self.stdout = EventStream(self, "stdout")
         self.stderr = EventStream(self, "stderr")
-        self.figures_shown: set = set()
+        self.figures_shown: Set[int] = set()
 
     # --- events -----------------------------------------------------------------------
     def emit(self, message: Dict[str, Any]) -> None:
@@ -178,10 +177,9 @@ class Kernel:
     def flush_streams(self) -> None:
         self.stdout.flush()
         self.stderr.flush()
-        try:  # C-level stdio of extensions writes to fd 1/2; push it into the pipes now
+        # C-level stdio of extensions writes to fd 1/2; push it into the pipes now.
+        with contextlib.suppress(Exception):
             ctypes.CDLL(None).fflush(None)
-        except Exception:
-            pass
 
     def display(self, *objs: Any, is_main_result: bool = False) -> None:
         """The ``display()`` builtin: send each object as a rich result."""
@@ -189,7 +187,13 @@ class Kernel:
             if _is_figure(obj):
                 self.figures_shown.add(id(obj))
             self.flush_streams()
-            self.emit({"type": "result", "data": _display.mimebundle(obj), "is_main_result": is_main_result})
+            self.emit(
+                {
+                    "type": "result",
+                    "data": _display.mimebundle(obj),
+                    "is_main_result": is_main_result,
+                }
+            )
 
     def flush_figures(self) -> None:
         """Send every open matplotlib figure as a PNG result, then close them."""
@@ -204,14 +208,16 @@ class Kernel:
             figure = pyplot.figure(number)
             if id(figure) not in self.figures_shown:
                 self.flush_streams()
-                self.emit({"type": "result", "data": _display.mimebundle(figure), "is_main_result": False})
+                self.emit(
+                    {"type": "result", "data": _display.mimebundle(figure), "is_main_result": False}
+                )
             pyplot.close(figure)
         self.figures_shown.clear()
 
     # --- setup ------------------------------------------------------------------------
     def install(self) -> None:
-        sys.stdout = self.stdout  # type: ignore[assignment]
-        sys.stderr = self.stderr  # type: ignore[assignment]
+        sys.stdout = self.stdout
+        sys.stderr = self.stderr
         builtins.display = self.display  # type: ignore[attr-defined]
         # Like Jupyter: modules uploaded next to the notebook are importable.
         if "" not in sys.path:
@@ -299,7 +305,8 @@ class Kernel:
         last: Optional[ast.expr] = None
         silent = code.rstrip().endswith(";")
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = tree.body.pop().value
+            last = tree.body[-1].value
+            tree.body.pop()
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
         try:
             body = compile(tree, filename, "exec", flags=flags)
@@ -343,10 +350,8 @@ class Kernel:
         return eval(code, self.namespace)
 
     def _report(self, exc: BaseException) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.flush_figures()
-        except Exception:
-            pass
         self.flush_streams()
         tb = exc.__traceback__
         # Drop the kernel's own frames so the traceback starts in the user's cell.

@@ -20,6 +20,7 @@ re-parent here, where a timeout or a restart finds and kills them.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import json
 import os
@@ -34,10 +35,17 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from sandlot.protocol import (
+    CHUNK_BYTES,
+    HOST_REQUESTS,
+    PROTOCOL_VERSION,
+    ProtocolViolation,
+    decode,
+    encode,
+)
 from sandlot.runner import BOOTSTRAP
-from sandlot.protocol import CHUNK_BYTES, HOST_REQUESTS, PROTOCOL_VERSION, ProtocolViolation, decode, encode
 
 PR_SET_CHILD_SUBREAPER = 36
 RLIMITS = {
@@ -49,7 +57,6 @@ RLIMITS = {
     "core": resource.RLIMIT_CORE,
 }
 TEMPLATE_SHARE = "/opt/sandlot/template/share"
-
 
 
 # --- processes ------------------------------------------------------------------------
@@ -88,10 +95,8 @@ def _descendants(root: int, table: Dict[int, int]) -> List[int]:
 
 def _signal_all(pids: List[int], signum: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signum)
-        except OSError:
-            pass
 
 
 class Supervisor:
@@ -122,7 +127,9 @@ class Supervisor:
         self.send({"type": "reply", "id": rid, "ok": True, "value": value})
 
     def fail(self, rid: str, name: str, message: str) -> None:
-        self.send({"type": "reply", "id": rid, "ok": False, "error": {"name": name, "message": message}})
+        self.send(
+            {"type": "reply", "id": rid, "ok": False, "error": {"name": name, "message": message}}
+        )
 
     def serve(self) -> None:
         reader = self.sock.makefile("rb")
@@ -154,7 +161,15 @@ class Supervisor:
             self.fail(rid, "FileOperationError", _os_message(exc))
         except Exception as exc:  # never leave the host waiting for a terminal event
             if kind in ("execute", "command"):
-                self.send({"type": "error", "id": rid, "name": "RunnerError", "value": repr(exc), "traceback": ""})
+                self.send(
+                    {
+                        "type": "error",
+                        "id": rid,
+                        "name": "RunnerError",
+                        "value": repr(exc),
+                        "traceback": "",
+                    }
+                )
                 self.send({"type": "exit", "id": rid, "status": "died"})
             else:
                 self.fail(rid, "RunnerError", repr(exc))
@@ -168,7 +183,9 @@ class Supervisor:
     # --- process management -----------------------------------------------------------
     def spawn(self, argv: List[str], **kwargs: Any) -> "subprocess.Popen[bytes]":
         with self.spawn_lock:
-            proc = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs)
+            proc = subprocess.Popen(
+                argv, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs
+            )
             self.known.add(proc.pid)
         return proc
 
@@ -213,20 +230,18 @@ class Supervisor:
         me = os.getpid()
         table = _process_table()
         with self.spawn_lock:
-            candidates = [pid for pid, ppid in table.items() if ppid == me and pid not in self.known]
+            candidates = [
+                pid for pid, ppid in table.items() if ppid == me and pid not in self.known
+            ]
         for pid in candidates:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
 
     def reaper_loop(self) -> None:
         while True:
             time.sleep(0.5)
-            try:
+            with contextlib.suppress(Exception):
                 self.reap_strays()
-            except Exception:
-                pass
 
     # --- contexts ---------------------------------------------------------------------
     def start_kernel(self, context_id: str, cwd: str, language: str = "python") -> "KernelProcess":
@@ -236,7 +251,11 @@ class Supervisor:
 
     def on_create_context(self, request: Dict[str, Any]) -> None:
         if request["language"] not in ("python", ""):
-            self.fail(request["id"], "InvalidArgumentError", "unsupported language %r" % request["language"])
+            self.fail(
+                request["id"],
+                "InvalidArgumentError",
+                "unsupported language %r" % request["language"],
+            )
             return
         cwd = self.resolve(request["cwd"] or self.workdir)
         if not os.path.isdir(cwd):
@@ -252,7 +271,9 @@ class Supervisor:
     def _kernel_or_fail(self, request: Dict[str, Any]) -> Optional["KernelProcess"]:
         kernel = self.kernels.get(request["context"])
         if kernel is None:
-            self.fail(request["id"], "ContextNotFoundError", "no code context %r" % request["context"])
+            self.fail(
+                request["id"], "ContextNotFoundError", "no code context %r" % request["context"]
+            )
         return kernel
 
     def on_restart_context(self, request: Dict[str, Any]) -> None:
@@ -279,7 +300,15 @@ class Supervisor:
         if kernel is None:
             rid = request["id"]
             message = "no code context %r" % request["context"]
-            self.send({"type": "error", "id": rid, "name": "ContextNotFoundError", "value": message, "traceback": ""})
+            self.send(
+                {
+                    "type": "error",
+                    "id": rid,
+                    "name": "ContextNotFoundError",
+                    "value": message,
+                    "traceback": "",
+                }
+            )
             self.send({"type": "exit", "id": rid, "status": "error"})
             return
         kernel.execute(request)
@@ -293,7 +322,11 @@ class Supervisor:
         budget = OutputBudget(self, rid)
         try:
             proc = self.spawn(
-                ["/bin/sh", "-c", request["cmd"]], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                ["/bin/sh", "-c", request["cmd"]],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
             )
         except OSError as exc:
             budget.text("stderr", "sandlot: could not start the command: %s\n" % _os_message(exc))
@@ -359,7 +392,9 @@ class Supervisor:
                 if not chunk:
                     break
                 size += len(chunk)
-                self.send({"type": "data", "id": rid, "data": base64.b64encode(chunk).decode("ascii")})
+                self.send(
+                    {"type": "data", "id": rid, "data": base64.b64encode(chunk).decode("ascii")}
+                )
         self.reply(rid, {"size": size})
 
     def on_fs_write(self, request: Dict[str, Any]) -> None:
@@ -450,7 +485,9 @@ class OutputBudget:
             if limit is not None and self.used + size > limit:
                 room = max(0, limit - self.used)
                 text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
-                text += "\n[sandlot: output truncated: more than %d bytes of stdout/stderr]\n" % limit
+                text += (
+                    "\n[sandlot: output truncated: more than %d bytes of stdout/stderr]\n" % limit
+                )
                 self.truncated = True
             self.used += size
         if text:
@@ -464,10 +501,15 @@ class OutputBudget:
             count = self.results
         if limit is not None and count > limit:
             if count == limit + 1:
-                self.text("stderr", "[sandlot: more than %d results in one cell; the rest were dropped]\n" % limit)
+                self.text(
+                    "stderr",
+                    "[sandlot: more than %d results in one cell; the rest were dropped]\n" % limit,
+                )
             return
         if size_limit is not None and len(json.dumps(message["data"])) > size_limit:
-            self.text("stderr", "[sandlot: a result larger than %d bytes was dropped]\n" % size_limit)
+            self.text(
+                "stderr", "[sandlot: a result larger than %d bytes was dropped]\n" % size_limit
+            )
             return
         self.supervisor.send(message)
 
@@ -490,7 +532,7 @@ class Cell:
         self.finish_lock = threading.Lock()
         self.timed_out = False
         self.interrupted = False
-        self.pending_exit: Optional[tuple] = None
+        self.pending_exit: Optional[Tuple[Any, Any]] = None
         self.timeout = 0.0
 
 
@@ -518,11 +560,26 @@ class KernelProcess:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         config = {"memory_mb": self.supervisor.config.get("memory_mb")}
-        argv = [sys.executable, "-I", "-c", BOOTSTRAP, self.supervisor.lib, "kernel",
-                "--fd", str(theirs.fileno()), "--config", json.dumps(config)]
+        argv = [
+            sys.executable,
+            "-I",
+            "-c",
+            BOOTSTRAP,
+            self.supervisor.lib,
+            "kernel",
+            "--fd",
+            str(theirs.fileno()),
+            "--config",
+            json.dumps(config),
+        ]
         try:
             self.proc = self.supervisor.spawn(
-                argv, cwd=self.cwd, env=dict(os.environ), stdout=out_w, stderr=err_w, pass_fds=(theirs.fileno(),)
+                argv,
+                cwd=self.cwd,
+                env=dict(os.environ),
+                stdout=out_w,
+                stderr=err_w,
+                pass_fds=(theirs.fileno(),),
             )
         finally:
             theirs.close()
@@ -530,11 +587,15 @@ class KernelProcess:
             os.close(err_w)
         self.sock = ours
         self.pipes = {out_r: "stdout", err_r: "stderr"}
-        self.listener = threading.Thread(target=self.listen, args=(self.proc, ours, out_r, err_r), daemon=True)
+        self.listener = threading.Thread(
+            target=self.listen, args=(self.proc, ours, out_r, err_r), daemon=True
+        )
         self.listener.start()
 
     # --- the listener thread ----------------------------------------------------------
-    def listen(self, proc: "subprocess.Popen[bytes]", sock: socket.socket, out_r: int, err_r: int) -> None:
+    def listen(
+        self, proc: "subprocess.Popen[bytes]", sock: socket.socket, out_r: int, err_r: int
+    ) -> None:
         selector = selectors.DefaultSelector()
         selector.register(sock, selectors.EVENT_READ, "sock")
         selector.register(out_r, selectors.EVENT_READ, "stdout")
@@ -558,10 +619,8 @@ class KernelProcess:
                     self.read_pipe(fd, key.data, selector, open_pipes)
         selector.close()
         for fd in (out_r, err_r):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         sock.close()
         self.on_kernel_gone(proc)
 
@@ -665,7 +724,13 @@ class KernelProcess:
                 status, count = cell.pending_exit
             else:
                 name, status, value = _death_cause(code, self.stopping)
-                report = {"type": "error", "id": cell.rid, "name": name, "value": value, "traceback": ""}
+                report = {
+                    "type": "error",
+                    "id": cell.rid,
+                    "name": name,
+                    "value": value,
+                    "traceback": "",
+                }
         # (a timed-out cell is reported by execute(), which also restarts the kernel)
         if not self.stopping and proc is self.proc:
             with self.state_lock:
@@ -683,7 +748,12 @@ class KernelProcess:
             cell = Cell(request["id"], OutputBudget(self.supervisor, request["id"]))
             cell.timeout = float(request["timeout"])
             self.cell = cell
-            message = {"type": "execute", "id": request["id"], "code": request["code"], "envs": request["envs"]}
+            message = {
+                "type": "execute",
+                "id": request["id"],
+                "code": request["code"],
+                "envs": request["envs"],
+            }
             try:
                 with self.state_lock:
                     self.sock.sendall(encode(message))
@@ -736,8 +806,11 @@ def _death_cause(code: int, stopped: bool) -> "tuple[str, str, str]":
     if stopped:
         return "KernelDiedError", "died", "the context was restarted or removed while the cell ran"
     if code == -signal.SIGKILL:
-        return ("OutOfMemoryError", "oom",
-                "the kernel was killed (SIGKILL), most likely for using too much memory; " + lost)
+        return (
+            "OutOfMemoryError",
+            "oom",
+            "the kernel was killed (SIGKILL), most likely for using too much memory; " + lost,
+        )
     if code == -signal.SIGXCPU:
         return "TimeoutError", "timeout", "the kernel used up its CPU time limit; " + lost
     return "KernelDiedError", "died", "the kernel exited (status %s); %s" % (code, lost)
