@@ -593,7 +593,10 @@ def test_host_processes_are_invisible(sandbox: Sandbox) -> None:
         helper.wait()
     assert processes, "the process listing returned nothing"
     by_pid = {p["pid"]: p for p in processes}
-    assert by_pid[1]["comm"] == "bwrap" and by_pid[1]["ppid"] == 0
+    # pid 1 is the supervisor itself (bwrap --as-pid-1): no bwrap process inside.
+    assert by_pid[1]["ppid"] == 0 and "sandlot" in by_pid[1]["cmdline"], by_pid[1]
+    assert "supervisor" in by_pid[1]["cmdline"].split(), by_pid[1]
+    assert not [p for p in processes if p["comm"] == "bwrap"]
     for process in processes:
         assert process["comm"] != name.decode()
         assert marker not in process["cmdline"]
@@ -631,19 +634,60 @@ print(json.dumps([os.getpid(), processes]))
 # --- process lifetime ---------------------------------------------------------------------
 
 
-FREEZE_SUPERVISOR = """
-import os, subprocess
-# Hostile: stop the supervisor (same uid) just after this cell has returned, so that
-# nothing inside the sandbox can clean up; only the backend can end it now.
-subprocess.Popen(["sh", "-c", "sleep 0.3; kill -STOP %d" % os.getppid()])
+def _host_supervisor(bwrap: int) -> HostProcess:
+    """The supervisor as the host sees it: bwrap's only child (it is pid 1 inside)."""
+    children = [
+        (pid, start) for pid, (ppid, start, _) in _host_processes().items() if ppid == bwrap
+    ]
+    assert len(children) == 1, children
+    [(pid, start)] = children
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert b"supervisor" in cmdline, cmdline
+    return pid, start
+
+
+SIGNAL_PID_1 = """
+import json, os, signal, subprocess, time
+assert os.getppid() == 1  # the kernel's parent is the supervisor, the sandbox's init
+sent = []
+for signum in sorted(signal.valid_signals()):
+    if signum in (signal.SIGKILL, signal.SIGSTOP):
+        continue  # last, below
+    os.kill(1, signum)
+    sent.append(int(signum))
+os.kill(1, signal.SIGSTOP)
+os.kill(1, signal.SIGKILL)
+shell = subprocess.run(["sh", "-c", "kill -STOP 1 && kill -9 1 && echo sent"],
+                       capture_output=True, text=True)
+time.sleep(0.5)  # a delivered signal would have taken effect by now
+state = open("/proc/1/stat").read().rsplit(")", 1)[1].split()[0]
+print(json.dumps({"sent": sent, "shell": shell.stdout, "state": state}))
 """
 
 
-def _wait_for_frozen_supervisor(daemon: set[HostProcess]) -> None:
-    # The daemon was re-parented to the supervisor (a child subreaper).
-    [(pid, _)] = daemon
-    supervisor, _ = _parent_and_state(pid)
-    _wait_until(lambda: _parent_and_state(supervisor)[1] == "T", 5, "the supervisor is stopped")
+def test_user_code_cannot_signal_the_supervisor(fresh_sandbox: Sandbox) -> None:
+    # The supervisor is pid 1 of the sandbox's pid namespace and leaves every signal at
+    # SIG_DFL: the kernel drops them all, SIGKILL and SIGSTOP included, when they come
+    # from inside. Only the host (from outside the namespace) can end it.
+    fresh_sandbox.files.write("before.txt", "x")
+    bwrap = fresh_sandbox._core._handle._process.pid  # type: ignore[union-attr, attr-defined]
+    supervisor = _host_supervisor(bwrap)
+    report = _cell_json(fresh_sandbox, SIGNAL_PID_1)
+    assert signal.SIGINT in report["sent"] and signal.SIGTERM in report["sent"]  # control
+    assert report["shell"] == "sent\n"  # control: the shell's kills were accepted
+    assert report["state"] not in ("T", "t", "Z", "X"), report
+    # Host side: the same supervisor process, running, not stopped.
+    assert _alive({supervisor}) == {supervisor}
+    parent, state = _parent_and_state(supervisor[0])
+    assert parent == bwrap and state not in ("T", "t"), "the supervisor was stopped"
+    # Through commands.run too.
+    assert fresh_sandbox.commands.run("kill -STOP 1; kill -9 1; sleep 0.3").exit_code == 0
+    assert _parent_and_state(supervisor[0])[1] not in ("T", "t"), "the supervisor was stopped"
+    # It still serves: same sandbox, same files, no restart.
+    assert fresh_sandbox.run_code("1 + 1").text == "2"
+    assert fresh_sandbox.files.read("before.txt") == "x"
+    assert fresh_sandbox._core.restarts == 0
+    assert _alive({supervisor}) == {supervisor}
 
 
 def test_kill_leaves_no_process_on_the_host(
@@ -652,12 +696,13 @@ def test_kill_leaves_no_process_on_the_host(
     marker = f"sandlot-escape-daemon-{uuid.uuid4().hex}"
     before = _descendants(os.getpid())
     sbx = make_sandbox()
-    assert sbx.run_code(daemon_cell(marker) + FREEZE_SUPERVISOR).error is None
+    assert sbx.run_code(daemon_cell(marker)).error is None
     daemon = _the_daemon(marker)  # control: the host-side search does see it
     sandbox_processes = _descendants(os.getpid()) - before
     assert daemon <= sandbox_processes
-    assert len(sandbox_processes) >= 4  # bwrap, bwrap (pid 1), supervisor, kernel, daemon
-    _wait_for_frozen_supervisor(daemon)
+    assert len(sandbox_processes) >= 4  # bwrap, supervisor (pid 1), kernel, daemon
+    # Teardown does not depend on anything inside: killing bwrap ends the supervisor
+    # (--die-with-parent), and with pid 1 gone the kernel kills the whole namespace.
 
     sbx.kill()
     _wait_until(lambda: not _alive(sandbox_processes), 5, "every sandbox process is gone")
@@ -681,7 +726,7 @@ def test_sigkill_of_the_owner_leaves_no_process_on_the_host(
 ) -> None:
     marker = f"sandlot-escape-orphan-{uuid.uuid4().hex}"
     log = tmp_path / "owner.log"
-    (tmp_path / "cell.py").write_text(daemon_cell(marker) + FREEZE_SUPERVISOR)
+    (tmp_path / "cell.py").write_text(daemon_cell(marker))
     with (
         log.open("wb") as output,
         subprocess.Popen(
@@ -702,8 +747,7 @@ def test_sigkill_of_the_owner_leaves_no_process_on_the_host(
             daemon = _the_daemon(marker)  # control: the host-side search does see it
             sandbox_processes = _descendants(owner.pid)
             assert daemon <= sandbox_processes
-            assert len(sandbox_processes) >= 4
-            _wait_for_frozen_supervisor(daemon)
+            assert len(sandbox_processes) >= 4  # bwrap, supervisor (pid 1), kernel, daemon
         finally:
             owner.send_signal(signal.SIGKILL)
             owner.wait()
@@ -714,38 +758,60 @@ def test_sigkill_of_the_owner_leaves_no_process_on_the_host(
 
 # --- a compromised runner -----------------------------------------------------------------
 
-HIJACK_CHANNEL = """
-import ctypes, json, os, time
+STEAL_CHANNEL = """
+import ctypes, errno, json, os
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
+libc.ptrace.restype = ctypes.c_long
 supervisor = os.getppid()
 argv = open("/proc/%d/cmdline" % supervisor, "rb").read().split(b"\\0")
 channel_fd = int(argv[argv.index(b"--fd") + 1])
+report = {"supervisor": supervisor, "fd": channel_fd}
+ctypes.set_errno(0)
 pidfd = libc.syscall(434, supervisor, 0)  # pidfd_open
+report["pidfd_open"] = -ctypes.get_errno() if pidfd < 0 else "ok"
+ctypes.set_errno(0)
 stolen = libc.syscall(438, pidfd, channel_fd, 0) if pidfd >= 0 else -1  # pidfd_getfd
-if stolen < 0:
-    print(json.dumps({"errno": ctypes.get_errno()}), flush=True)
-else:
-    print(json.dumps({"stolen": stolen}), flush=True)
-    time.sleep(0.5)  # let the line above reach the host first
-    os.write(stolen, b'{"type": "result", "id": 42, "forged": true}\\n')
-    time.sleep(30)
+report["pidfd_getfd"] = ctypes.get_errno() if stolen < 0 else "stolen"
+# Control: the same call on this process's own descriptors works.
+own = libc.syscall(434, os.getpid(), 0)
+copy = libc.syscall(438, own, 1, 0) if own >= 0 else -1
+report["own_getfd"] = "ok" if copy >= 0 else ctypes.get_errno()
+for path in ("/proc/1/fd/%d" % channel_fd, "/proc/1/environ", "/proc/1/mem"):
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+        report[path] = "opened"
+    except OSError as exc:
+        report[path] = exc.errno
+try:
+    report["readlink"] = os.readlink("/proc/1/fd/%d" % channel_fd)
+except OSError as exc:
+    report["readlink"] = exc.errno
+ctypes.set_errno(0)
+attached = libc.ptrace(16, supervisor, None, None)  # PTRACE_ATTACH
+report["ptrace_attach"] = ctypes.get_errno() if attached != 0 else "attached"
+if attached == 0:
+    libc.ptrace(17, supervisor, None, None)  # PTRACE_DETACH
+print(json.dumps(report), flush=True)
 """
 
 
-def test_a_hijacked_host_channel_gets_the_sandbox_killed(fresh_sandbox: Sandbox) -> None:
-    # SECURITY.md (item 7): where same-uid ptrace-class access is allowed, user code can
-    # take the supervisor's end of the host channel. The host must treat what comes out
-    # of it as hostile: a malformed message kills the sandbox (fail closed).
+def test_the_host_channel_cannot_be_stolen(fresh_sandbox: Sandbox) -> None:
+    # The supervisor is not dumpable (PR_SET_DUMPABLE 0): user code with the same uid
+    # can neither take its end of the host channel (pidfd_getfd), nor reach it through
+    # /proc/1/fd, nor read its environment, nor ptrace it.
     fresh_sandbox.files.write("before.txt", "x")
-    execution = fresh_sandbox.run_code(HIJACK_CHANNEL, timeout=20)
-    report = json.loads(execution.logs.stdout[0]) if execution.logs.stdout else {}
-    if "errno" in report:
-        pytest.skip(f"this kernel refuses pidfd_getfd here (errno {report['errno']})")
-    assert "stolen" in report, execution
-    assert execution.error is not None and execution.error.name == "SandboxLostError"
-    assert "protocol" in execution.error.value
-    assert execution.duration < 10
-    # The next call gets a fresh sandbox.
+    report = _cell_json(fresh_sandbox, STEAL_CHANNEL)
+    assert report["supervisor"] == 1
+    assert report["own_getfd"] == "ok", report  # control: pidfd_getfd works on itself
+    assert report["pidfd_open"] == "ok", report  # a pidfd alone grants nothing
+    assert report["pidfd_getfd"] == errno.EPERM, report
+    assert report[f"/proc/1/fd/{report['fd']}"] in (errno.EACCES, errno.EPERM), report
+    assert report["readlink"] in (errno.EACCES, errno.EPERM), report
+    assert report["/proc/1/environ"] in (errno.EACCES, errno.EPERM), report
+    assert report["/proc/1/mem"] in (errno.EACCES, errno.EPERM), report
+    assert report["ptrace_attach"] == errno.EPERM, report
+    # Nothing happened to the sandbox: same files, still serving.
     assert fresh_sandbox.run_code("1 + 1").text == "2"
-    assert not fresh_sandbox.files.exists("before.txt")
+    assert fresh_sandbox.files.read("before.txt") == "x"
+    assert fresh_sandbox._core.restarts == 0

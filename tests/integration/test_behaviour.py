@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
 import os
+import signal
 import struct
 import threading
 import time
@@ -36,7 +38,7 @@ def _ok(execution: sandlot.Execution) -> sandlot.Execution:
 
 
 def _strays(list_processes: ListProcesses, sbx: Sandbox) -> list[dict[str, Any]]:
-    """Live processes besides bwrap (pid 1), the supervisor and the listing kernel.
+    """Live processes besides the supervisor (pid 1) and the listing kernel.
 
     Zombies are left out: they are dead and hold no resources but a pid until their
     parent (the kernel, for the cell's direct children) reaps them.
@@ -341,18 +343,56 @@ def test_os_exit_is_kernel_died_and_the_context_recovers(fresh_sandbox: Sandbox)
     assert fresh_sandbox.files.read("kept.txt") == "still here"  # same sandbox
 
 
-def test_killing_the_supervisor_is_sandbox_lost_then_a_new_sandbox(
+def test_user_code_cannot_kill_or_stop_the_supervisor(fresh_sandbox: Sandbox) -> None:
+    """The supervisor is the sandbox's pid 1 (bwrap --as-pid-1): the kernel discards
+    signals from inside the pid namespace that pid 1 has no handler for, SIGKILL and
+    SIGSTOP included, so a cell cannot end or freeze the sandbox from inside."""
+    fresh_sandbox.files.write("old.txt", "from before the attack")
+    execution = _ok(
+        fresh_sandbox.run_code(
+            "import json, os, signal, subprocess, time\n"
+            "assert os.getppid() == 1, os.getppid()  # the kernel's parent: the supervisor\n"
+            "os.kill(1, signal.SIGKILL)\n"
+            "os.kill(1, signal.SIGSTOP)\n"
+            "shell = subprocess.run(['sh', '-c', 'kill -9 1; kill -STOP 1; echo done'],\n"
+            "                       capture_output=True, text=True)\n"
+            "time.sleep(0.5)  # a delivered signal would have taken effect by now\n"
+            "state = open('/proc/1/stat').read().rsplit(')', 1)[1].split()[0]\n"
+            "print(json.dumps({'shell': shell.stdout, 'state': state}))\n",
+            timeout=20,
+        )
+    )
+    report = json.loads("".join(execution.logs.stdout))
+    assert report["shell"] == "done\n"  # control: the shell ran its kills
+    assert report["state"] not in ("T", "t", "Z", "X"), report
+    # The same sandbox (not a restarted one) still answers, with its files.
+    assert fresh_sandbox.files.read("old.txt") == "from before the attack"
+    assert _ok(fresh_sandbox.run_code("6 * 7")).text == "42"
+    assert fresh_sandbox.commands.run("echo still here").stdout == "still here\n"
+    assert fresh_sandbox.is_running()
+    assert fresh_sandbox._core.restarts == 0
+
+
+def test_sandbox_dying_mid_cell_is_sandbox_lost_then_a_new_sandbox(
     fresh_sandbox: Sandbox,
 ) -> None:
+    """The sandbox dies from outside (its host-side bwrap process is SIGKILLed, as an
+    OOM killer or an operator would) while a cell runs."""
     fresh_sandbox.files.write("old.txt", "from the first sandbox")
+    bwrap = fresh_sandbox._core._handle._process.pid  # type: ignore[union-attr, attr-defined]
+    killed = threading.Event()
+
+    def kill_on_last_words(message: OutputMessage) -> None:
+        if "last words" in message.line and not killed.is_set():
+            killed.set()
+            os.kill(bwrap, signal.SIGKILL)
+
     execution = fresh_sandbox.run_code(
-        "import os, signal, time\n"
-        "print('last words', flush=True)\n"
-        "time.sleep(0.5)\n"
-        "os.kill(os.getppid(), signal.SIGKILL)\n"
-        "time.sleep(30)\n",
+        "import time\nprint('last words', flush=True)\ntime.sleep(30)\n",
+        on_stdout=kill_on_last_words,
         timeout=20,
     )
+    assert killed.is_set()
     assert execution.status == "died"
     assert execution.error is not None and execution.error.name == "SandboxLostError"
     assert execution.logs.stdout == ["last words\n"]

@@ -94,6 +94,7 @@ ARITY = {
     "--unshare-uts": 0,
     "--unshare-cgroup-try": 0,
     "--disable-userns": 0,
+    "--as-pid-1": 0,
     "--die-with-parent": 0,
     "--new-session": 0,
     "--clearenv": 0,
@@ -131,10 +132,9 @@ def args_of(argv: list[str], name: str) -> list[tuple[str, ...]]:
     return [args for option, args in parse(argv)[0] if option == name]
 
 
-def config_of(argv: list[str]) -> dict[str, Any]:
-    command = parse(argv)[1]
-    assert command[-2] == "--config"
-    config: dict[str, Any] = json.loads(command[-1])
+def config_of(spec: SandboxSpec, layout: HostLayout) -> dict[str, Any]:
+    """The runner configuration as the host sends it (JSON on the channel)."""
+    config: dict[str, Any] = json.loads(json.dumps(runner_config(spec, layout.channel_fd)))
     return config
 
 
@@ -167,6 +167,7 @@ def test_default_argv_spelled_out() -> None:
         ("--unshare-uts", ()),
         ("--unshare-cgroup-try", ()),
         ("--disable-userns", ()),
+        ("--as-pid-1", ()),
         ("--die-with-parent", ()),
         ("--new-session", ()),
         ("--uid", ("1000",)),
@@ -208,9 +209,7 @@ def test_default_argv_spelled_out() -> None:
         ("--remount-ro", ("/",)),
     ]
     assert command[:4] == ["/opt/sandlot/template/env/bin/python", "-I", "-B", "-c"]
-    assert command[5:9] == ["/opt/sandlot/lib", "supervisor", "--fd", "3"]
-    assert command[9] == "--config"
-    assert len(command) == 11
+    assert command[5:] == ["/opt/sandlot/lib", "supervisor", "--fd", "3"]
 
 
 def test_custom_bwrap_path() -> None:
@@ -233,6 +232,7 @@ def test_every_namespace_is_unshared(case: str) -> None:
         "--unshare-uts",
         "--unshare-cgroup-try",
         "--disable-userns",
+        "--as-pid-1",
         "--die-with-parent",
         "--new-session",
     ):
@@ -261,22 +261,68 @@ def test_environment_is_exactly_guest_env(case: str) -> None:
     spec, layout = CASES[case]
     setenv = {key: value for key, value in args_of(build_argv(spec, layout), "--setenv")}
     assert setenv == guest_env(spec)
-    assert set(setenv) == {"PATH", "HOME", "LANG", *spec.envs}
+    assert set(setenv) == {"PATH", "HOME", "LANG"}
 
 
-def test_caller_envs_land_in_setenv() -> None:
-    setenv = args_of(build_argv(CUSTOM_SPEC, PYENV_LAYOUT), "--setenv")
-    for key, value in CUSTOM_SPEC.envs.items():
-        assert (key, value) in setenv
+def test_caller_envs_travel_in_the_runner_config() -> None:
+    config = config_of(CUSTOM_SPEC, PYENV_LAYOUT)
+    assert config["envs"] == CUSTOM_SPEC.envs
+    assert config_of(DEFAULT_SPEC, LAYOUT)["envs"] == {}
+
+
+@pytest.mark.parametrize(
+    "envs",
+    [
+        CUSTOM_SPEC.envs,
+        {"SECRET_TOKEN": "sk-live-0123456789abcdef"},
+        {"LANG": "de_DE.UTF-8"},  # overriding a default does not move it to argv either
+    ],
+    ids=["custom", "secret", "override"],
+)
+def test_caller_envs_never_appear_in_argv(envs: dict[str, str]) -> None:
+    """argv is readable by every process in the sandbox (/proc/1/cmdline) and on the
+    host (ps): a caller's values must not be on it, in any argument or inside one."""
+    spec = SandboxSpec(envs=envs)
+    for layout in (LAYOUT, PYENV_LAYOUT):
+        argv = build_argv(spec, layout)
+        for key, value in envs.items():
+            if value:  # "" is a substring of everything
+                assert not [arg for arg in argv if value in arg], (key, value)
+        setenv = dict(args_of(argv, "--setenv"))
+        assert setenv == guest_env(spec) == guest_env(DEFAULT_SPEC)
+        assert setenv["LANG"] == "C.UTF-8"
 
 
 def test_caller_envs_can_override_defaults_but_not_add_host_env() -> None:
     spec = SandboxSpec(envs={"LANG": "de_DE.UTF-8"})
+    config = config_of(spec, LAYOUT)
+    assert config["envs"] == {"LANG": "de_DE.UTF-8"}
     setenv = {key: value for key, value in args_of(build_argv(spec, LAYOUT), "--setenv")}
-    assert setenv["LANG"] == "de_DE.UTF-8"
     for key in os.environ:
         if key not in ("PATH", "HOME", "LANG"):
             assert key not in setenv
+            assert key not in config["envs"]
+
+
+@ALL
+def test_argv_carries_no_config(case: str) -> None:
+    """The configuration is the first message on the channel, never a command-line
+    argument; the command ends at the channel's fd."""
+    spec, layout = CASES[case]
+    argv = build_argv(spec, layout)
+    assert "--config" not in argv
+    _, command = parse(argv)
+    assert command[-3:] == ["supervisor", "--fd", str(layout.channel_fd)]
+    assert not [arg for arg in argv if arg.startswith("{")]
+
+
+@ALL
+def test_supervisor_is_pid_1(case: str) -> None:
+    """--as-pid-1: no bwrap init inside; the supervisor is the pid namespace's init,
+    which signals from inside the namespace cannot kill or stop."""
+    options, _ = parse(build_argv(*CASES[case]))
+    assert options.count(("--as-pid-1", ())) == 1
+    assert ("--unshare-pid", ()) in options
 
 
 @ALL
@@ -309,6 +355,7 @@ def test_no_host_path_but_the_layouts(case: str) -> None:
                 assert index == 0 or args[0] == args[1], (name, args)
     _, command = parse(argv)
     assert not [arg for arg in command if "/host/" in arg]
+    assert "/host/" not in json.dumps(config_of(spec, layout))
 
 
 @ALL
@@ -394,15 +441,14 @@ def test_command_starts_the_supervisor_isolated(case: str) -> None:
     assert command[0] == GUEST_PYTHON
     assert "-I" in command[1:4]
     assert command[command.index("--fd") + 1] == str(layout.channel_fd)
-    assert config_of(build_argv(spec, layout)) == json.loads(
-        json.dumps(runner_config(spec, layout.channel_fd))
-    )
+    # The fd on the command line is the one the configuration names.
+    assert config_of(spec, layout)["fd"] == layout.channel_fd
 
 
 @ALL
 def test_runner_config_matches_resources(case: str) -> None:
     spec, layout = CASES[case]
-    config = config_of(build_argv(spec, layout))
+    config = config_of(spec, layout)
     r = spec.resources
     mib = lambda v: None if v is None else v * MiB  # noqa: E731
     assert config["rlimits"] == {
@@ -420,10 +466,11 @@ def test_runner_config_matches_resources(case: str) -> None:
     assert config["fd"] == layout.channel_fd
     assert config["workdir"] == HOME
     assert config["lib"] == LIB_GUEST
+    assert config["envs"] == dict(spec.envs)
 
 
 def test_custom_rlimits_in_bytes() -> None:
-    config = config_of(build_argv(CUSTOM_SPEC, PYENV_LAYOUT))
+    config = config_of(CUSTOM_SPEC, PYENV_LAYOUT)
     assert config["rlimits"]["as"] == 512 * 1024 * 1024
     assert config["rlimits"]["fsize"] == 8 * 1024 * 1024
     assert config["rlimits"]["core"] == 0

@@ -31,6 +31,7 @@ VALID_EVENTS: dict[str, dict[str, Any]] = {
 }
 
 VALID_REQUESTS: dict[str, dict[str, Any]] = {
+    "configure": {"config": {"rlimits": {"cpu": 1}, "envs": {"A": "b"}}},
     "execute": {"code": "1", "context": "default", "envs": {}, "timeout": 1.5},
     "interrupt": {"context": "default"},
     "create_context": {"cwd": "", "language": "python"},

@@ -34,6 +34,9 @@ CHUNK_BYTES = 4 * 1024 * 1024
 # --- requests: host -> runner -------------------------------------------------------
 # name -> required fields (besides "type" and "id") and their JSON types.
 HOST_REQUESTS: Dict[str, Dict[str, Tuple[type, ...]]] = {
+    # First message on a new channel, before "ready": limits, envs, paths. Sent on the
+    # channel because argv is readable by everything in the sandbox and on the host.
+    "configure": {"config": (dict,)},
     "execute": {"code": (str,), "context": (str,), "envs": (dict,), "timeout": (int, float)},
     "interrupt": {"context": (str,)},
     "create_context": {"cwd": (str,), "language": (str,)},

@@ -1,4 +1,4 @@
-"""Entry point: ``python -m sandlot.runner {supervisor|kernel} ...`` inside the sandbox."""
+"""Entry point: ``python -m sandlot.runner {supervisor|kernel|exec} ...`` inside the sandbox."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ def main(argv: "list[str] | None" = None) -> int:
         from sandlot.runner._supervisor import main as run
     elif role == "kernel":
         from sandlot.runner._kernel import main as run
+    elif role == "exec":
+        from sandlot.runner._limits import exec_main as run
     else:
-        sys.stderr.write("usage: sandlot.runner {supervisor|kernel} --fd N --config JSON\n")
+        sys.stderr.write("usage: sandlot.runner {supervisor|kernel|exec} --fd N --config JSON\n")
         return 2
     return run(args[1:])
 

@@ -34,7 +34,7 @@ import types
 from typing import Any, Dict, List, Optional, Set
 
 from sandlot.protocol import encode
-from sandlot.runner import _display
+from sandlot.runner import _display, _limits
 
 FLUSH_INTERVAL = 0.05
 """Seconds a partial line may wait in the buffer before it is streamed anyway."""
@@ -375,6 +375,11 @@ def _is_figure(obj: Any) -> bool:
 def main(argv: List[str]) -> int:
     fd = int(argv[argv.index("--fd") + 1])
     config = json.loads(argv[argv.index("--config") + 1]) if "--config" in argv else {}
+    try:  # before any user code: everything the cells start inherits these
+        _limits.apply(config.get("rlimits") or {})
+    except (OSError, ValueError) as exc:
+        sys.stderr.write("sandlot kernel: cannot apply resource limits: %s\n" % exc)
+        return 70
     signal.signal(signal.SIGINT, signal.default_int_handler)
     kernel = Kernel(Channel(fd), config)
     kernel.install()

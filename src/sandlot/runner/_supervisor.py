@@ -24,7 +24,6 @@ import contextlib
 import ctypes
 import json
 import os
-import resource
 import selectors
 import shutil
 import signal
@@ -45,17 +44,10 @@ from sandlot.protocol import (
     decode,
     encode,
 )
-from sandlot.runner import BOOTSTRAP
+from sandlot.runner import BOOTSTRAP, _limits
 
 PR_SET_CHILD_SUBREAPER = 36
-RLIMITS = {
-    "as": resource.RLIMIT_AS,
-    "cpu": resource.RLIMIT_CPU,
-    "nproc": resource.RLIMIT_NPROC,
-    "fsize": resource.RLIMIT_FSIZE,
-    "nofile": resource.RLIMIT_NOFILE,
-    "core": resource.RLIMIT_CORE,
-}
+PR_SET_DUMPABLE = 4
 TEMPLATE_SHARE = "/opt/sandlot/template/share"
 
 
@@ -100,8 +92,9 @@ def _signal_all(pids: List[int], signum: int) -> None:
 
 
 class Supervisor:
-    def __init__(self, sock: socket.socket, config: Dict[str, Any]) -> None:
+    def __init__(self, sock: socket.socket, reader: Any, config: Dict[str, Any]) -> None:
         self.sock = sock
+        self.reader = reader
         self.config = config
         self.send_lock = threading.Lock()
         self.spawn_lock = threading.RLock()
@@ -132,7 +125,7 @@ class Supervisor:
         )
 
     def serve(self) -> None:
-        reader = self.sock.makefile("rb")
+        reader = self.reader
         self.send({"type": "ready", "version": PROTOCOL_VERSION, "python": sys.version.split()[0]})
         while True:
             line = reader.readline()
@@ -321,8 +314,22 @@ class Supervisor:
         cwd = self.resolve(request["cwd"] or self.workdir)
         budget = OutputBudget(self, rid)
         try:
+            limits = json.dumps(self.config.get("rlimits") or {})
             proc = self.spawn(
-                ["/bin/sh", "-c", request["cmd"]],
+                [
+                    sys.executable,
+                    "-I",
+                    "-c",
+                    BOOTSTRAP,
+                    self.lib,
+                    "exec",
+                    "--limits",
+                    limits,
+                    "--",
+                    "/bin/sh",
+                    "-c",
+                    request["cmd"],
+                ],
                 cwd=cwd,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -559,7 +566,10 @@ class KernelProcess:
         ours, theirs = socket.socketpair()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        config = {"memory_mb": self.supervisor.config.get("memory_mb")}
+        config = {
+            "memory_mb": self.supervisor.config.get("memory_mb"),
+            "rlimits": self.supervisor.config.get("rlimits") or {},
+        }
         argv = [
             sys.executable,
             "-I",
@@ -822,13 +832,6 @@ def _os_message(exc: OSError) -> str:
     return str(exc.strerror or exc)
 
 
-def _apply_rlimits(limits: Dict[str, Any]) -> None:
-    for name, value in limits.items():
-        if value is None:
-            continue
-        resource.setrlimit(RLIMITS[name], (int(value), int(value)))
-
-
 def _prepare_home(home: str) -> None:
     """Give the sandbox user the template's matplotlib settings and warm font cache."""
     source = os.path.join(TEMPLATE_SHARE, "matplotlib")
@@ -848,25 +851,48 @@ def _prepare_home(home: str) -> None:
 
 
 def main(argv: List[str]) -> int:
-    fd = int(argv[argv.index("--fd") + 1])
-    config = json.loads(argv[argv.index("--config") + 1])
+    sock = socket.socket(fileno=int(argv[argv.index("--fd") + 1]))
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Not dumpable: user code (same uid, no capabilities) can then neither ptrace this
+    # process nor open its /proc/<pid>/fd, mem or environ, nor take its host socket
+    # with pidfd_getfd. Kernels and commands are exec'ed and dumpable again; they are
+    # user code's side anyway.
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        sys.stderr.write("sandlot runner: cannot make the supervisor non-dumpable\n")
+        return 70
+    # The configuration comes over the channel, not argv: argv is readable by every
+    # process in the sandbox (/proc/1/cmdline) and on the host (ps).
+    reader = sock.makefile("rb")
     try:
-        _apply_rlimits(config.get("rlimits", {}))
+        first = decode(reader.readline(), HOST_REQUESTS)
+    except ProtocolViolation as exc:
+        sys.stderr.write("sandlot runner: bad configuration: %s\n" % exc)
+        return 70
+    if first["type"] != "configure":
+        sys.stderr.write("sandlot runner: expected a configure message first\n")
+        return 70
+    config = first["config"]
+    try:
+        _limits.check(config.get("rlimits") or {})
     except (OSError, ValueError) as exc:
         # Fail closed: the host sees no "ready" and reports this line.
         sys.stderr.write("sandlot runner: cannot apply resource limits: %s\n" % exc)
         return 70
-    libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.stderr.write("sandlot runner: cannot become a child subreaper\n")
         return 70
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # Python's own SIGINT handler (KeyboardInterrupt) would let user code kill pid 1
+    # with `kill -INT 1`: the kernel drops a signal from inside the pid namespace only
+    # when init leaves it at SIG_DFL. Children inherit SIG_DFL too (kernels set their own).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.environ.update({str(k): str(v) for k, v in (config.get("envs") or {}).items()})
     home = str(config.get("workdir", "/home/user"))
     try:
         _prepare_home(home)
     except OSError as exc:
         sys.stderr.write("sandlot runner: could not copy matplotlib settings: %s\n" % exc)
-    supervisor = Supervisor(socket.socket(fileno=fd), config)
+    supervisor = Supervisor(sock, reader, config)
     supervisor.start_kernel("default", home)
     threading.Thread(target=supervisor.reaper_loop, daemon=True).start()
     supervisor.serve()

@@ -6,6 +6,7 @@ Side effects live here; the isolation decisions live in :mod:`._compile`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import queue
@@ -29,9 +30,9 @@ from sandlot._exceptions import (
 )
 from sandlot.backends._base import Backend, Probe, SandboxHandle
 from sandlot.backends._channel import ChannelHandle
-from sandlot.backends.bwrap._compile import ETC_ENTRIES, HostLayout, build_argv
+from sandlot.backends.bwrap._compile import ETC_ENTRIES, HostLayout, build_argv, runner_config
 from sandlot.policy import SandboxSpec
-from sandlot.protocol import PROTOCOL_VERSION
+from sandlot.protocol import PROTOCOL_VERSION, encode
 from sandlot.templates import ensure_template
 
 START_TIMEOUT = 30.0
@@ -178,21 +179,33 @@ def _say(line: str) -> None:
 
 
 class _StderrTail:
-    """Keeps the last lines bwrap and the runner wrote to stderr, for error messages."""
+    """Keeps the last lines bwrap and the runner wrote to stderr, for error messages.
 
-    def __init__(self, stream: object) -> None:
+    Bounded in lines and in line length: code in the sandbox may be able to write to
+    this pipe, and must not make the host buffer an endless line.
+    """
+
+    MAX_LINE = 1000
+
+    def __init__(self, stream: Any) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=40)
         self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
         self.thread.start()
 
-    def _pump(self, stream: object) -> None:
+    def _pump(self, stream: Any) -> None:
+        partial = b""
         try:
-            for raw in stream:  # type: ignore[attr-defined]
-                self.lines.append(raw.decode("utf-8", "replace").rstrip())
+            while chunk := stream.read1(65536):
+                *complete, partial = (partial + chunk).split(b"\n")
+                for line in complete:
+                    self.lines.append(line[: self.MAX_LINE].decode("utf-8", "replace"))
+                partial = partial[: self.MAX_LINE]
+            if partial:
+                self.lines.append(partial.decode("utf-8", "replace"))
         finally:
             # EOF: the sandbox is gone. Close the pipe here instead of leaving it to the
             # garbage collector, which held the fd until then and raised ResourceWarning.
-            stream.close()  # type: ignore[attr-defined]
+            stream.close()
 
     def __call__(self) -> str:
         return "\n".join(self.lines)
@@ -268,6 +281,7 @@ class BwrapBackend(Backend):
             etc_entries=[p for p in ETC_ENTRIES if os.path.exists(p)],
             channel_fd=child_sock.fileno(),
         )
+        fd = child_sock.fileno()
         argv = build_argv(spec, layout, bwrap=bwrap)
         try:
             # env={}: bwrap's own process (pid 1 inside) keeps the environment it was
@@ -278,7 +292,7 @@ class BwrapBackend(Backend):
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                pass_fds=(child_sock.fileno(),),
+                pass_fds=(fd,),
                 close_fds=True,
             )
         except OSError as exc:
@@ -288,6 +302,10 @@ class BwrapBackend(Backend):
             child_sock.close()
         assert process.stderr is not None
         tail = _StderrTail(process.stderr)
+        configure = {"type": "configure", "id": "configure", "config": runner_config(spec, fd)}
+        # OSError: the sandbox died at once; wait_ready reports it with bwrap's stderr.
+        with contextlib.suppress(OSError):
+            host_sock.sendall(encode(configure))
         handle = ChannelHandle(host_sock, process, stderr_tail=tail)
         try:
             ready = handle.wait_ready(START_TIMEOUT)

@@ -25,7 +25,6 @@ What the argv sets up (see SECURITY.md for what it does *not* guarantee):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -103,14 +102,15 @@ def runner_config(spec: SandboxSpec, channel_fd: int) -> dict[str, object]:
             "core": 0,
         },
         "fd": channel_fd,
+        # Applied by the supervisor to everything it starts; kept off the command line.
+        "envs": dict(spec.envs),
     }
 
 
 def guest_env(spec: SandboxSpec) -> dict[str, str]:
-    """The complete environment inside the sandbox."""
-    env = {"PATH": GUEST_PATH, "HOME": HOME, "LANG": "C.UTF-8"}
-    env.update(spec.envs)
-    return env
+    """The environment bwrap gives the runner. The caller's ``envs`` are not here: they
+    travel in the runner's configuration, so no command line ever carries them."""
+    return {"PATH": GUEST_PATH, "HOME": HOME, "LANG": "C.UTF-8"}
 
 
 def build_argv(spec: SandboxSpec, layout: HostLayout, bwrap: str = "bwrap") -> list[str]:
@@ -129,7 +129,10 @@ def build_argv(spec: SandboxSpec, layout: HostLayout, bwrap: str = "bwrap") -> l
     ]
     if layout.disable_userns:
         argv.append("--disable-userns")
-    argv += ["--die-with-parent", "--new-session"]
+    # --as-pid-1: the supervisor is the sandbox's init. Signals from inside the pid
+    # namespace without a handler (SIGKILL, SIGSTOP included) never reach it, so user
+    # code cannot kill or freeze it; bwrap keeps no process inside holding the channel.
+    argv += ["--as-pid-1", "--die-with-parent", "--new-session"]
     argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandlot"]
 
     # Environment: nothing from the host.
@@ -180,8 +183,6 @@ def build_argv(spec: SandboxSpec, layout: HostLayout, bwrap: str = "bwrap") -> l
         "supervisor",
         "--fd",
         str(layout.channel_fd),
-        "--config",
-        json.dumps(runner_config(spec, layout.channel_fd), sort_keys=True),
     ]
     return argv
 
