@@ -75,8 +75,7 @@ def test_refused_user_namespaces_refuse_with_fix() -> None:
         "/dev",
         "--proc",
         "/proc",
-        "--tmpfs",
-        "/tmp",
+        # No --tmpfs /tmp: the checkout (and its .venv) may itself live under /tmp.
         "--",
     ]
     outcome = _run_child(outer, dict(os.environ))
