@@ -85,3 +85,20 @@ def test_refused_user_namespaces_refuse_with_fix() -> None:
     assert "cannot create namespaces" in message
     assert "user namespaces" in message  # the fix names the knob to turn
     assert outcome["probe"] is False
+
+
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_template
+def test_a_limit_that_cannot_be_applied_refuses_to_run() -> None:
+    import resource
+
+    import sandlot
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        pytest.fail("this host has no hard RLIMIT_NOFILE; the test needs one to exceed")
+    with pytest.raises(sandlot.IsolationUnavailable) as caught:
+        sandlot.Sandbox(resources={"open_files": hard + 1}, timeout=None)
+    message = str(caught.value)
+    assert "nofile" in message and "hard limit" in message
+    assert "ulimit -H" in message  # says how to fix the host
