@@ -104,6 +104,7 @@ class ChannelHandle(SandboxHandle):
                 f"the sandbox did not become ready within {timeout:g} s" + self._stderr_suffix()
             ) from None
         if item is _DEAD:
+            self.kill()  # reaps the process and closes our end of the channel
             raise SandboxStartError(
                 f"the sandbox exited while starting ({self._death_reason})" + self._stderr_suffix()
             )
