@@ -220,13 +220,7 @@ class Supervisor:
             time.sleep(0.005)
 
     def reap_strays(self) -> None:
-        me = os.getpid()
-        table = _process_table()
-        with self.spawn_lock:
-            candidates = [
-                pid for pid, ppid in table.items() if ppid == me and pid not in self.known
-            ]
-        for pid in candidates:
+        for pid in self.strays(_process_table()):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 
