@@ -119,6 +119,8 @@ _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
 
 BACKEND_MARKS = {
     "bwrap": pytest.mark.requires_bwrap,
+    # bwrap sandboxes forked from a zygote that has the data stack imported.
+    "zygote": pytest.mark.requires_bwrap,
     "docker": pytest.mark.requires_docker,
     "docker-runsc": pytest.mark.requires_runsc,
     "podman": pytest.mark.requires_podman,

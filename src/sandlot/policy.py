@@ -303,6 +303,11 @@ class NetworkPolicy:
         )
 
 
+DATA_STACK: tuple[str, ...] = ("numpy", "pandas", "matplotlib.pyplot")
+"""What a warm pool or a zygote imports ahead of time: the data stack LLM-written cells
+reach for."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SandboxSpec:
     """Everything a backend needs to start one sandbox."""

@@ -45,12 +45,10 @@ from typing import Any
 
 from sandlot._exceptions import InvalidArgumentError, SandboxClosed
 from sandlot.backends import Backend, SandboxHandle, get_backend
-from sandlot.policy import Resources, SandboxSpec
+from sandlot.policy import DATA_STACK, Resources, SandboxSpec
 
 log = logging.getLogger("sandlot.pool")
 
-DATA_STACK: tuple[str, ...] = ("numpy", "pandas", "matplotlib.pyplot")
-"""What a pool pre-imports by default: the data stack LLM-written cells reach for."""
 DEFAULT_SIZE = 2
 DEFAULT_TTL = 300.0
 RETRY_MAX = 30.0

@@ -224,6 +224,17 @@ DENIED: tuple[Denial, ...] = (
 """Every denial, in the order SECURITY.md lists them."""
 
 
+ZYGOTE_SETUP: frozenset[str] = frozenset({"mount", "unshare", "sethostname"})
+"""Denied in every sandbox, allowed in the zygote (``sandlot.runner._zygote``): it needs
+them to give each sandbox it forks fresh namespaces, mounts and a hostname. It runs no
+user code, and every sandbox installs the full filter on top before any runs."""
+
+
+def zygote_denials() -> tuple[Denial, ...]:
+    """The zygote's own filter: :data:`DENIED` without :data:`ZYGOTE_SETUP`."""
+    return tuple(d for d in DENIED if d.syscall not in ZYGOTE_SETUP)
+
+
 def denied_names() -> frozenset[str]:
     """Syscalls denied outright (whatever their arguments)."""
     return frozenset(d.syscall for d in DENIED if not d.when)

@@ -11,12 +11,14 @@ from sandlot._exceptions import BackendUnavailable, InvalidArgumentError
 from sandlot.backends._base import Backend, Event, EventStream, Probe, SandboxHandle
 from sandlot.backends._pool import WarmPool
 from sandlot.backends.bwrap import BwrapBackend
+from sandlot.backends.bwrap._zygote import ZygoteBackend
 from sandlot.backends.docker import DockerBackend, PodmanBackend
 
 BACKENDS: dict[str, type[Backend]] = {
     "bwrap": BwrapBackend,
     "docker": DockerBackend,
     "podman": PodmanBackend,
+    "zygote": ZygoteBackend,
 }
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Entry point: ``python -m sandlot.runner {supervisor|kernel|exec} ...`` inside the sandbox."""
+"""Entry point inside the sandbox: ``python -m sandlot.runner {supervisor|kernel|zygote|exec}``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ def main(argv: "list[str] | None" = None) -> int:
         from sandlot.runner._supervisor import main as run
     elif role == "kernel":
         from sandlot.runner._kernel import main as run
+    elif role == "zygote":
+        from sandlot.runner._zygote import main as run
     elif role == "exec":
         from sandlot.runner._limits import exec_main as run
     else:
-        sys.stderr.write("usage: sandlot.runner {supervisor|kernel|exec} --fd N --config JSON\n")
+        sys.stderr.write(
+            "usage: sandlot.runner {supervisor|kernel|zygote|exec} --fd N --config JSON\n"
+        )
         return 2
     return run(args[1:])
 

@@ -224,16 +224,17 @@ class Kernel:
         # Like Jupyter: modules uploaded next to the notebook are importable.
         if "" not in sys.path:
             sys.path.insert(0, "")
-        sys.meta_path.insert(
-            0,
-            _PostImportHook(
-                {
-                    "matplotlib.pyplot": self._patch_pyplot,
-                    "IPython.core.display_functions": self._patch_ipython,
-                    "IPython.display": self._patch_ipython,
-                }
-            ),
-        )
+        hooks = {
+            "matplotlib.pyplot": self._patch_pyplot,
+            "IPython.core.display_functions": self._patch_ipython,
+            "IPython.display": self._patch_ipython,
+        }
+        sys.meta_path.insert(0, _PostImportHook(hooks))
+        # A kernel forked from a zygote has some of them imported already.
+        for name, patch in hooks.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                patch(module)
         flusher = threading.Thread(target=self._flush_loop, name="sandlot-flush", daemon=True)
         flusher.start()
 

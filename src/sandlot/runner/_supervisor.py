@@ -137,6 +137,8 @@ class Supervisor:
         self.result_bytes = config.get("result_bytes")
         self.grace = float(config.get("kill_grace", 1.0))
         self.lib = str(config.get("lib", "/opt/sandlot/lib"))
+        self.fork_next_kernel = False
+        """Fork the next kernel from this process (set once, by a zygote-made sandbox)."""
 
     # --- host channel -----------------------------------------------------------------
     def send(self, message: Dict[str, Any]) -> None:
@@ -230,6 +232,26 @@ class Supervisor:
                 self.reap_strays()
                 time.sleep(0.1)
         raise AssertionError("unreachable")
+
+    def take_fork(self) -> bool:
+        """Whether to fork the kernel being launched: once, and only while this process
+        has no other thread (a thread holding a lock at fork time would leave the
+        child's copy of that lock held forever)."""
+        fork, self.fork_next_kernel = self.fork_next_kernel, False
+        return fork and threading.active_count() == 1
+
+    def fork(self, sock_fd: int, out_w: int, err_w: int, cwd: str, args: List[str]) -> "Forked":
+        """Start a kernel as a fork of this process, with its modules already imported.
+
+        The child gets exactly what a spawned kernel gets: its socket, the stdout and
+        stderr pipes, /dev/null as stdin, a session of its own, the same cwd and
+        environment, and no other descriptor (the host channel above all)."""
+        with self.spawn_lock:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child never returns
+                _become_kernel(sock_fd, out_w, err_w, cwd, args)
+            self.known.add(pid)
+        return Forked(pid)
 
     def forget(self, pid: int) -> None:
         with self.spawn_lock:
@@ -639,6 +661,105 @@ class Supervisor:
         self.reply(request["id"], self.entry(dst))
 
 
+class Forked:
+    """A forked kernel, with the part of ``subprocess.Popen``'s interface the
+    supervisor uses (``pid``, ``poll``, ``wait``, ``kill``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def _reap(self, flags: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:
+            pid, status = self.pid, 9  # reaped elsewhere: report a kill
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and self._lock.acquire(False):
+            try:
+                if self.returncode is None:
+                    self._reap(os.WNOHANG)
+            finally:
+                self._lock.release()
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if timeout is None:
+            with self._lock:
+                if self.returncode is None:
+                    self._reap(0)
+        else:
+            deadline = time.monotonic() + timeout
+            while self.poll() is None:
+                if time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired("kernel", timeout)
+                time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def _become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, args: List[str]) -> None:
+    """In a freshly forked child: set up the process like a spawned kernel, run it, exit."""
+    code = 70
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        keep = {0, 1, 2, sock_fd}
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        os.set_inheritable(sock_fd, False)
+        os.chdir(cwd)
+        # What a new interpreter would have: SIGPIPE ignored (Python's default), every
+        # other handler the default; the kernel installs its own SIGINT handler.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        sys.argv = ["-c", *args]
+        # Fresh randomness: forked interpreters would otherwise share numpy's global
+        # generator state (``random`` re-seeds itself after a fork).
+        numpy_random = sys.modules.get("numpy.random")
+        if numpy_random is not None:
+            numpy_random.seed()
+        tempfile = sys.modules.get("tempfile")
+        if tempfile is not None:
+            tempfile._name_sequence = None  # type: ignore[attr-defined]
+        from sandlot.runner._kernel import main as kernel_main
+
+        code = kernel_main(args[1:])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            import atexit
+
+            atexit._run_exitfuncs()
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
 class PathRefused(Exception):
     """A files.* path outside the workspace, or reaching outside through a symlink."""
 
@@ -771,7 +892,7 @@ class KernelProcess:
         """Held while the kernel process is replaced, so requests see a live one."""
         self.cell: Optional[Cell] = None
         self.stopping = False
-        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.proc: "Optional[subprocess.Popen[bytes] | Forked]" = None
         self.preloaded = threading.Event()
         """Set when the kernel has imported the configured ``preload`` modules."""
         self.launch()
@@ -801,14 +922,17 @@ class KernelProcess:
             json.dumps(config),
         ]
         try:
-            self.proc = self.supervisor.spawn(
-                argv,
-                cwd=self.cwd,
-                env=dict(os.environ),
-                stdout=out_w,
-                stderr=err_w,
-                pass_fds=(theirs.fileno(),),
-            )
+            if self.supervisor.take_fork():
+                self.proc = self.supervisor.fork(theirs.fileno(), out_w, err_w, self.cwd, argv[5:])
+            else:
+                self.proc = self.supervisor.spawn(
+                    argv,
+                    cwd=self.cwd,
+                    env=dict(os.environ),
+                    stdout=out_w,
+                    stderr=err_w,
+                    pass_fds=(theirs.fileno(),),
+                )
         finally:
             theirs.close()
             os.close(out_w)
@@ -1100,26 +1224,48 @@ def main(argv: List[str]) -> int:
         sock = StdioChannel(0, 1)
     else:
         sock = socket.socket(fileno=int(argv[argv.index("--fd") + 1]))
-    libc = ctypes.CDLL(None, use_errno=True)
-    # Not dumpable: user code (same uid, no capabilities) can then neither ptrace this
-    # process nor open its /proc/<pid>/fd, mem or environ, nor take its host socket
-    # with pidfd_getfd. Kernels and commands are exec'ed and dumpable again; they are
-    # user code's side anyway.
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        sys.stderr.write("sandlot runner: cannot make the supervisor non-dumpable\n")
-        return 70
     # The configuration comes over the channel, not argv: argv is readable by every
     # process in the sandbox (/proc/1/cmdline) and on the host (ps).
     reader = sock.makefile("rb")
+    config = read_configuration(reader)
+    if config is None:
+        return 70
+    return run(sock, reader, config)
+
+
+def read_configuration(reader: Any) -> Optional[Dict[str, Any]]:
+    """The host's first message, ``configure``; None (reason on stderr) if it is not."""
     try:
         first = decode(reader.readline(), HOST_REQUESTS)
     except ProtocolViolation as exc:
         sys.stderr.write("sandlot runner: bad configuration: %s\n" % exc)
-        return 70
+        return None
     if first["type"] != "configure":
         sys.stderr.write("sandlot runner: expected a configure message first\n")
+        return None
+    config: Dict[str, Any] = first["config"]
+    return config
+
+
+def run(
+    sock: "socket.socket | StdioChannel",
+    reader: Any,
+    config: Dict[str, Any],
+    fork_kernel: bool = False,
+) -> int:
+    """Serve the host channel as the sandbox's supervisor until it closes.
+
+    ``fork_kernel``: this process already holds the template's preloaded modules (a
+    zygote-made sandbox), so the default kernel is forked from it instead of started
+    as a new interpreter that would import them again."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Not dumpable: user code (same uid, no capabilities) can then neither ptrace this
+    # process nor open its /proc/<pid>/fd, mem or environ, nor take its host socket
+    # with pidfd_getfd. Kernels and commands are exec'ed (or, forked, made dumpable)
+    # again; they are user code's side anyway. No user code runs before this point.
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        sys.stderr.write("sandlot runner: cannot make the supervisor non-dumpable\n")
         return 70
-    config = first["config"]
     try:
         _limits.check(config.get("rlimits") or {})
     except (OSError, ValueError) as exc:
@@ -1150,6 +1296,7 @@ def main(argv: List[str]) -> int:
     except OSError as exc:
         sys.stderr.write("sandlot runner: could not copy matplotlib settings: %s\n" % exc)
     supervisor = Supervisor(sock, reader, config)
+    supervisor.fork_next_kernel = fork_kernel
     default = supervisor.start_kernel("default", home)
     if config.get("preload"):
         # "ready" then means the modules are imported (what a warm pool waits for). A

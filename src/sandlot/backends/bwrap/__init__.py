@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from sandlot._exceptions import (
 from sandlot._models import NetworkEvent, ResourceUsage
 from sandlot.backends import _cgroups
 from sandlot.backends._base import Backend, Probe, SandboxHandle
-from sandlot.backends._channel import ChannelHandle
+from sandlot.backends._channel import ChannelHandle, SandboxProcess
 from sandlot.backends.bwrap import _seccomp
 from sandlot.backends.bwrap._compile import (
     ETC_ENTRIES,
@@ -44,7 +45,7 @@ from sandlot.backends.bwrap._compile import (
 from sandlot.egress import EgressLease, EgressProxy, default_proxy
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
-from sandlot.templates import cache_dir, ensure_template
+from sandlot.templates import Template, cache_dir, ensure_template
 
 log = logging.getLogger("sandlot.backend")
 
@@ -329,19 +330,9 @@ class BwrapBackend(Backend):
                 lease = self.egress.open(spec.sandbox_id or "sandbox", spec.network, drop)
                 unleash = cleanup.enter_context(contextlib.ExitStack())
                 unleash.callback(lease.close)
-            runtime = _runtime_dirs(drop is not None)
-            if drop is not None:
-                _check_reachable(drop, [template.path, template.base_prefix, *runtime])
-            links, dirs = _root_layout()
-            layout = HostLayout(
-                template_dir=str(template.path),
-                base_prefix=str(template.base_prefix),
-                protocol_dir=str(runtime[0]),
-                runner_dir=str(runtime[1]),
-                generated_etc_dir=str(runtime[2]),
-                root_symlinks=links,
-                root_dirs=dirs,
-                etc_entries=[p for p in ETC_ENTRIES if os.path.exists(p)],
+            layout = host_layout(
+                template,
+                drop,
                 channel_fd=child_sock.fileno(),
                 seccomp_fd=program_fd,
                 egress_socket=lease.socket_path if lease is not None else None,
@@ -396,21 +387,57 @@ class BwrapBackend(Backend):
         return handle
 
 
+def host_layout(
+    template: Template,
+    drop: tuple[int, int] | None,
+    *,
+    channel_fd: int,
+    seccomp_fd: int,
+    egress_socket: str | None = None,
+) -> HostLayout:
+    """The host paths a sandbox of ``template`` is built from (checked readable by the
+    uid sandboxes run as, when sandlot runs as root)."""
+    runtime = _runtime_dirs(drop is not None)
+    if drop is not None:
+        _check_reachable(drop, [template.path, template.base_prefix, *runtime])
+    links, dirs = _root_layout()
+    return HostLayout(
+        template_dir=str(template.path),
+        base_prefix=str(template.base_prefix),
+        protocol_dir=str(runtime[0]),
+        runner_dir=str(runtime[1]),
+        generated_etc_dir=str(runtime[2]),
+        root_symlinks=links,
+        root_dirs=dirs,
+        etc_entries=[p for p in ETC_ENTRIES if os.path.exists(p)],
+        channel_fd=channel_fd,
+        seccomp_fd=seccomp_fd,
+        egress_socket=egress_socket,
+    )
+
+
 class BwrapHandle(ChannelHandle):
     """A bwrap sandbox: the channel, plus its cgroup (read for usage, removed at the end)."""
 
     def __init__(
         self,
         sock: socket.socket,
-        process: subprocess.Popen[bytes],
+        process: SandboxProcess,
         *,
         stderr_tail: Any,
         cgroup: _cgroups.SandboxCgroup | None,
         egress: EgressLease | None = None,
+        exit_reason: Callable[[int], str] | None = None,
     ) -> None:
         self._cgroup = cgroup
         self._egress = egress
-        super().__init__(sock, process, stderr_tail=stderr_tail, on_exit=self._release)
+        super().__init__(
+            sock,
+            process,
+            stderr_tail=stderr_tail,
+            on_exit=self._release,
+            exit_reason=exit_reason,
+        )
 
     def _release(self) -> None:
         if self._egress is not None:

@@ -215,6 +215,30 @@ def build_argv(spec: SandboxSpec, layout: HostLayout, bwrap: str = "bwrap") -> l
     return argv
 
 
+ZYGOTE_CAPS: tuple[str, ...] = ("CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SETPCAP")
+"""What the zygote keeps, inside its own user namespace only (host: none): new
+namespaces and mounts for each sandbox it forks (SYS_ADMIN), their loopback up
+(NET_ADMIN), and dropping every capability from their bounding set (SETPCAP)."""
+
+
+def build_zygote_argv(
+    spec: SandboxSpec, layout: HostLayout, children_filter_fd: int, bwrap: str = "bwrap"
+) -> list[str]:
+    """The zygote's bubblewrap command line: the boundary :func:`build_argv` draws for
+    ``spec`` (its template, no network), plus :data:`ZYGOTE_CAPS`, running the zygote
+    role. ``layout.seccomp_fd`` holds the zygote's own filter
+    (:func:`sandlot.seccomp.zygote_denials`), ``children_filter_fd`` the full one every
+    sandbox it forks installs before it runs anything."""
+    if spec.network.enabled:
+        raise ValueError("a zygote has no network; sandboxes with a policy start cold")
+    argv = build_argv(spec, layout, bwrap)
+    boundary = argv[: argv.index("--")]
+    caps = [arg for cap in ZYGOTE_CAPS for arg in ("--cap-add", cap)]
+    command = [GUEST_PYTHON, "-I", "-B", "-c", BOOTSTRAP, LIB_GUEST, "zygote"]
+    fds = ["--fd", str(layout.channel_fd), "--filter-fd", str(children_filter_fd)]
+    return [*boundary, *caps, "--", *command, *fds]
+
+
 def _tmpfs(path: str, size_mb: int | None, perms: str) -> list[str]:
     args = ["--perms", perms]
     if size_mb is not None:

@@ -21,7 +21,7 @@ import functools
 import os
 
 from sandlot._exceptions import IsolationUnavailable
-from sandlot.seccomp import DENIED, Denial
+from sandlot.seccomp import DENIED, Denial, zygote_denials
 
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_ACT_KILL_PROCESS = 0x80000000
@@ -125,9 +125,12 @@ def _export(denials: tuple[Denial, ...], pfc: bool) -> bytes:
 
 
 @functools.cache
-def filter_program() -> bytes:
-    """The sandbox's BPF program (built once per process; raises IsolationUnavailable)."""
-    program = _export(DENIED, pfc=False)
+def filter_program(zygote: bool = False) -> bytes:
+    """The sandbox's BPF program (built once per process; raises IsolationUnavailable).
+
+    ``zygote``: the zygote's own, which lets it set up the sandboxes it forks
+    (:func:`sandlot.seccomp.zygote_denials`); each of them then installs the full one."""
+    program = _export(zygote_denials() if zygote else DENIED, pfc=False)
     if not program or len(program) % 8:
         raise _fail("produce a valid program", 0)
     return program
@@ -138,13 +141,13 @@ def filter_source() -> str:
     return _export(DENIED, pfc=True).decode()
 
 
-def program_fd() -> int:
+def program_fd(zygote: bool = False) -> int:
     """A fresh file descriptor holding the program, positioned at 0, for ``--seccomp``.
 
     Not close-on-exec: bwrap must inherit it (the caller passes it in ``pass_fds``
     and closes it after starting bwrap).
     """
-    program = filter_program()
+    program = filter_program(zygote)
     fd = os.memfd_create("sandlot-seccomp", 0)
     try:
         os.write(fd, program)

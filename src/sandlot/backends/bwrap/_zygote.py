@@ -1,0 +1,327 @@
+"""The zygote backend: bubblewrap sandboxes forked from a process that has the data
+stack imported, instead of started cold.
+
+One zygote per (template, preload list, host uid) lives as long as this process (see
+:mod:`sandlot.runner._zygote` for what runs inside it and what each fork sets up).
+The host's side of a spawn:
+
+1. create the sandbox's cgroup, exactly as for a cold sandbox (same limits);
+2. hand the zygote one end of a new socketpair; it forks the sandbox's pid 1 in
+   fresh namespaces;
+3. read that process's SCM_CREDENTIALS from the socket: the kernel translates its pid
+   into ours, so we know which process it is without trusting anything it says;
+4. move it into the cgroup, then send the runner's ``configure`` message as for a cold
+   sandbox; the runner answers ``ready`` once its kernel (a fork of itself) runs.
+
+From there the handle is an ordinary :class:`BwrapHandle`: the same channel, cgroup
+usage, OOM reports and teardown (the cgroup is emptied and removed).
+
+Sandboxes with a network policy start cold (the zygote cannot mount their egress
+socket), as does a spec in ``unsafe_best_effort_limits`` mode (the zygote needs a
+cgroup to move each sandbox into). They get the same boundary, only slower.
+"""
+
+from __future__ import annotations
+
+import array
+import atexit
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import threading
+from typing import Any
+
+from sandlot._exceptions import BackendUnavailable, SandboxStartError
+from sandlot.backends import _cgroups
+from sandlot.backends._base import Backend, Probe, SandboxHandle
+from sandlot.backends.bwrap import (
+    _SPAWNER,
+    START_TIMEOUT,
+    BwrapBackend,
+    BwrapHandle,
+    _bwrap_path,
+    _cgroup_for,
+    _drop_to,
+    _Enter,
+    _probe,
+    _say,
+    _seccomp,
+    _StderrTail,
+    _sweep_once,
+    host_layout,
+)
+from sandlot.backends.bwrap._compile import HOME, build_zygote_argv, runner_config
+from sandlot.policy import DATA_STACK, MiB, Resources, SandboxSpec
+from sandlot.protocol import PROTOCOL_VERSION, encode
+from sandlot.templates import ensure_template
+
+log = logging.getLogger("sandlot.backend")
+
+ZYGOTE_START_TIMEOUT = 120.0
+"""Seconds a zygote may take to import its preload modules (cold caches, busy host)."""
+ZYGOTE_RESOURCES = Resources(memory_mb=1024, pids=64, cpus=None, disk_mb=32, tmp_mb=1)
+"""The zygote's own cgroup and scratch space: it imports modules and forks, nothing
+else; each sandbox leaves this cgroup for its own before it is configured."""
+_UCRED = struct.Struct("iII")
+
+
+class _ForkedSandbox:
+    """A zygote-made sandbox's pid 1, seen from the host: not our child, so it is
+    watched and signalled through a pidfd (no pid-reuse race)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._pidfd = os.pidfd_open(pid)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def kill(self) -> None:
+        with self._lock:
+            if not self._closed:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._lock:
+            fd = -1 if self._closed else self._pidfd
+        if fd >= 0:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(f"sandbox {self.pid}", timeout or 0)
+            with self._lock:
+                if not self._closed:
+                    self._closed = True
+                    os.close(self._pidfd)
+        return -signal.SIGKILL
+
+
+class Zygote:
+    """One fork server: its bwrap process, control socket and cgroup."""
+
+    def __init__(self, template: str, preload: tuple[str, ...]) -> None:
+        self.template = template
+        self.preload = preload
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self._cgroup: _cgroups.SandboxCgroup | None = None
+        self._tail: _StderrTail | None = None
+        self._ids = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _start(self) -> None:
+        bwrap = _bwrap_path()
+        assert bwrap is not None
+        template = ensure_template(self.template, progress=_say)
+        _sweep_once()
+        drop = _drop_to()
+        spec = SandboxSpec(template=self.template, resources=ZYGOTE_RESOURCES)
+        group = _cgroups.SandboxCgroup.create(spec.resources)
+        with contextlib.ExitStack() as cleanup:
+            failed = cleanup.enter_context(contextlib.ExitStack())
+            failed.callback(group.destroy)
+            cleanup.callback(group.close_fds)
+            own_filter = _seccomp.program_fd(zygote=True)
+            cleanup.callback(os.close, own_filter)
+            children_filter = _seccomp.program_fd()
+            cleanup.callback(os.close, children_filter)
+            control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            cleanup.callback(theirs.close)
+            failed.callback(control.close)
+            layout = host_layout(template, drop, channel_fd=theirs.fileno(), seccomp_fd=own_filter)
+            argv = build_zygote_argv(spec, layout, children_filter, bwrap=bwrap)
+            try:
+                process = _SPAWNER.popen(
+                    argv,
+                    env={},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(theirs.fileno(), own_filter, children_filter),
+                    close_fds=True,
+                    preexec_fn=_Enter(group.attach_fds, drop),
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise SandboxStartError(f"could not start the zygote: {exc}") from exc
+            failed.callback(process.wait)
+            failed.callback(process.kill)
+            assert process.stderr is not None
+            tail = _StderrTail(process.stderr)
+            control.settimeout(ZYGOTE_START_TIMEOUT)
+            try:
+                control.send(json.dumps({"type": "configure", "preload": self.preload}).encode())
+                ready = json.loads(control.recv(65536) or b"{}")
+            except (OSError, ValueError) as exc:
+                raise SandboxStartError(
+                    f"the zygote did not become ready ({exc}): {tail()}"
+                ) from exc
+            if ready.get("type") != "ready" or ready.get("version") != PROTOCOL_VERSION:
+                raise SandboxStartError(f"the zygote did not start: {ready!r} {tail()}")
+            control.settimeout(START_TIMEOUT)
+            failed.pop_all()
+        self._process, self._control, self._cgroup, self._tail = process, control, group, tail
+
+    def spawn(self, spec: SandboxSpec) -> SandboxHandle:
+        group = _cgroup_for(spec)
+        assert group is not None  # the backend sends best-effort specs to a cold start
+        with contextlib.ExitStack() as failed:
+            failed.callback(group.destroy)
+            host_sock, child_sock = socket.socketpair()
+            failed.callback(host_sock.close)
+            with child_sock:
+                host_sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                self._request_fork(spec, child_sock.fileno())
+            pid = _sandbox_pid(host_sock)
+            process = _ForkedSandbox(pid)
+            failed.callback(process.wait, 10)
+            failed.callback(process.kill)
+            for fd in group.attach_fds:
+                os.write(fd, str(pid).encode())
+            group.close_fds()
+            config = runner_config(spec, 0)
+            host_sock.sendall(encode({"type": "configure", "id": "configure", "config": config}))
+            handle = BwrapHandle(
+                host_sock,
+                process,
+                stderr_tail=lambda: "",
+                cgroup=group,
+                exit_reason=lambda code: "the sandbox exited",
+            )
+            failed.pop_all()
+        handle.wait_ready(START_TIMEOUT)
+        return handle
+
+    def _request_fork(self, spec: SandboxSpec, fd: int) -> None:
+        r = spec.resources
+        mounts = [
+            ["/tmp", _bytes(r.tmp_mb), "1777"],
+            ["/dev/shm", _bytes(r.tmp_mb), "1777"],
+            [HOME, _bytes(r.disk_mb), "0755"],
+        ]
+        with self._lock:
+            if not self.alive:
+                self._stop()
+                self._start()
+            assert self._control is not None
+            self._ids += 1
+            request = {"type": "spawn", "id": self._ids, "mounts": mounts, "hostname": "sandlot"}
+            fds = array.array("i", [fd])
+            try:
+                self._control.sendmsg(
+                    [json.dumps(request).encode()],
+                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())],
+                )
+                reply = json.loads(self._control.recv(65536) or b"{}")
+            except (OSError, ValueError) as exc:
+                raise SandboxStartError(f"the zygote failed ({exc}): {self._stderr()}") from exc
+        if reply.get("type") != "spawned" or reply.get("id") != self._ids:
+            raise SandboxStartError(f"the zygote could not fork a sandbox: {reply.get('message')}")
+
+    def _stderr(self) -> str:
+        return self._tail() if self._tail is not None else ""
+
+    def _stop(self) -> None:
+        if self._control is not None:
+            self._control.close()
+        if self._process is not None:
+            with contextlib.suppress(OSError):
+                self._process.kill()
+            self._process.wait()
+        if self._cgroup is not None:
+            self._cgroup.destroy()
+        self._process = self._control = self._cgroup = self._tail = None
+
+    def close(self) -> None:
+        """Kill the zygote, and with it every sandbox it made (they live in its pid
+        namespace)."""
+        with self._lock:
+            self._stop()
+
+
+def _bytes(size_mb: int | None) -> int | None:
+    return None if size_mb is None else size_mb * MiB
+
+
+def _sandbox_pid(sock: socket.socket) -> int:
+    """The host pid of the process that sent the first byte on ``sock`` (SO_PASSCRED)."""
+    sock.settimeout(START_TIMEOUT)
+    try:
+        data, ancdata, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(_UCRED.size))
+    except OSError as exc:
+        raise SandboxStartError(f"the zygote's sandbox did not start ({exc})") from exc
+    finally:
+        sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid, _, _ = _UCRED.unpack(payload[: _UCRED.size])
+            if data == b"\0" and pid > 0:
+                return int(pid)
+    raise SandboxStartError(
+        "the zygote's sandbox exited before it started (see the host's log for the "
+        "zygote's messages)"
+    )
+
+
+_ZYGOTES: dict[tuple[Any, ...], Zygote] = {}
+_ZYGOTES_LOCK = threading.Lock()
+
+
+def zygote_for(template: str, preload: tuple[str, ...]) -> Zygote:
+    """The process-wide zygote for ``template`` and ``preload`` (started on first use)."""
+    key = (template, preload, _drop_to())
+    with _ZYGOTES_LOCK:
+        zygote = _ZYGOTES.get(key)
+        if zygote is None:
+            zygote = _ZYGOTES[key] = Zygote(template, preload)
+        return zygote
+
+
+@atexit.register
+def close_all() -> None:
+    """Stop every zygote of this process (and so every sandbox they made)."""
+    with _ZYGOTES_LOCK:
+        zygotes = list(_ZYGOTES.values())
+        _ZYGOTES.clear()
+    for zygote in zygotes:
+        zygote.close()
+
+
+class ZygoteBackend(Backend):
+    """bubblewrap sandboxes forked from a per-template zygote with the data stack
+    imported: the cold start's boundary in milliseconds instead of a second."""
+
+    name = "zygote"
+
+    def __init__(self, *, preload: tuple[str, ...] = DATA_STACK) -> None:
+        """``preload``: what the zygote imports for every sandbox (when the spec names
+        none of its own)."""
+        self.preload = tuple(preload)
+        self._cold = BwrapBackend()
+
+    @classmethod
+    def probe(cls) -> Probe:
+        probe = _probe()
+        # Weaker than cold bwrap by design (its sandboxes share the zygote's user
+        # namespace), so "auto" never picks it; ask for it by name.
+        return Probe("zygote", probe.available, probe.reason, probe.fix, 9, probe.details)
+
+    def start(self, spec: SandboxSpec) -> SandboxHandle:
+        probe = self.probe()
+        if not probe.available:
+            raise BackendUnavailable(
+                f"zygote backend unavailable: {probe.reason}. Fix: {probe.fix}"
+            )
+        if spec.network.enabled or spec.unsafe_best_effort_limits:
+            return self._cold.start(spec)
+        zygote = zygote_for(spec.template, tuple(spec.preload) or self.preload)
+        return zygote.spawn(spec)

@@ -1,0 +1,351 @@
+"""The zygote: a fork server that makes sandboxes with the data stack already imported.
+
+Started by the host inside a bubblewrap sandbox of its own (read-only template root,
+no network, uid 1000, the sandbox seccomp filter minus ``mount``, ``unshare`` and
+``sethostname``), as ``python -I -c <bootstrap> zygote --fd N --filter-fd M``, with
+CAP_SYS_ADMIN, CAP_NET_ADMIN and CAP_SETPCAP in *its own* user namespace and none on
+the host. It imports the preload modules once, freezes them out of the garbage
+collector, says ``ready`` and then only forks. It never runs user code.
+
+Control channel (fd N, a SOCK_SEQPACKET socket to the host; one JSON object per
+packet)::
+
+    host   -> zygote  {"type": "configure", "preload": [...]}
+    zygote -> host    {"type": "ready", "version": PROTOCOL_VERSION}
+    host   -> zygote  {"type": "spawn", "id": ..., "mounts": [[path, bytes|null, mode]],
+                       "hostname": ...}  + SCM_RIGHTS: the new sandbox's channel
+    zygote -> host    {"type": "spawned", "id": ...} | {"type": "failed", "id": ..., "message": ...}
+
+What one ``spawn`` does, in the new sandbox's first process (its pid 1):
+
+1. fresh mount, pid, network, ipc and uts namespaces (the parent forks once more so
+   that the sandbox's first process is pid 1 of the new pid namespace);
+2. a private tmpfs at every writable place (``/home/user``, ``/tmp``, ``/dev/shm``),
+   a new ``/proc`` for the new pid namespace (with bubblewrap's read-only covers), the
+   hostname, loopback up;
+3. says who it is on the channel with SCM_CREDENTIALS, so the host learns its pid as
+   the host sees it (the kernel translates it; the sandbox cannot lie about it) and
+   moves it into the sandbox's own cgroup before it answers with ``configure``;
+4. a new cgroup namespace (rooted at that cgroup), then every capability dropped
+   (bounding, ambient, permitted, effective, inheritable) and the full sandbox seccomp
+   filter installed on top of the zygote's (no_new_privs is already set);
+5. becomes the supervisor, and forks the default kernel from itself.
+
+Nothing of the zygote stays reachable: the control socket and every other descriptor
+are closed first, the zygote's processes are in a pid namespace the sandbox cannot
+see, its files are under the new tmpfs mounts, and its namespaces can only be
+joined with capabilities the sandbox no longer has.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import gc
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+from typing import Any, Dict, List, Optional
+
+from sandlot.protocol import PROTOCOL_VERSION
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 1
+PROC_COVERS = ("sys", "sysrq-trigger", "irq", "bus")
+"""What bubblewrap mounts read-only over a sandbox's /proc; a zygote child does the same."""
+MAX_PACKET = 1 << 16
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+class SetupFailed(Exception):
+    """A step that isolates a new sandbox failed; the sandbox must not run."""
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise SetupFailed("%s: %s" % (what, os.strerror(err)))
+
+
+def _mount(
+    source: Optional[str], target: str, fstype: Optional[str], flags: int, data: str = ""
+) -> None:
+    rc = _libc.mount(
+        source.encode() if source else None,
+        target.encode(),
+        fstype.encode() if fstype else None,
+        ctypes.c_ulong(flags),
+        data.encode() if data else None,
+    )
+    _check(rc, "mount %s" % target)
+
+
+# --- the zygote process -----------------------------------------------------------------
+
+
+def main(argv: List[str]) -> int:
+    control = socket.socket(fileno=int(argv[argv.index("--fd") + 1]))
+    filter_fd = int(argv[argv.index("--filter-fd") + 1])
+    program = _read_all(filter_fd)
+    os.close(filter_fd)
+    if not program or len(program) % 8:
+        sys.stderr.write("sandlot zygote: no seccomp program for the sandboxes\n")
+        return 70
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    configure = json.loads(control.recv(MAX_PACKET) or b"null")
+    if not isinstance(configure, dict) or configure.get("type") != "configure":
+        sys.stderr.write("sandlot zygote: expected a configure message first\n")
+        return 70
+    _preload([str(name) for name in configure.get("preload") or []])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Orphans of the sandboxes' intermediate processes are re-parented to this process
+    # (pid 1 of the zygote's pid namespace): reap them as they come.
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    control.send(json.dumps({"type": "ready", "version": PROTOCOL_VERSION}).encode())
+    while True:
+        ready, _, _ = select.select([control.fileno(), wake_r], [], [], 5.0)
+        _reap()
+        if wake_r in ready:
+            while True:
+                try:
+                    if not os.read(wake_r, 4096):
+                        break
+                except BlockingIOError:
+                    break
+        if control.fileno() not in ready:
+            continue
+        fds = array.array("i")
+        try:
+            data, ancdata, _, _ = control.recvmsg(MAX_PACKET, socket.CMSG_SPACE(4 * 4))
+        except InterruptedError:
+            continue
+        if not data:
+            return 0  # the host closed the channel: the sandboxes go with us
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        try:
+            request = json.loads(data)
+            _serve(control, request, list(fds), program)
+        except Exception as exc:  # a bad request must not take the zygote down
+            rid = request.get("id") if isinstance(request, dict) else None
+            control.send(json.dumps({"type": "failed", "id": rid, "message": repr(exc)}).encode())
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: List[bytes] = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _preload(names: List[str]) -> None:
+    """Import the runner and the preload modules once, for every sandbox to come."""
+    # Both roles every sandbox runs: its supervisor, and its kernel forked from it.
+    from sandlot.runner import _kernel, _supervisor
+
+    # The home a sandbox's kernel starts with: matplotlib reads its settings and font
+    # cache from there when it is imported, which is now. Each sandbox gets its own
+    # fresh copy of the same files in its own /home/user.
+    try:
+        _supervisor._prepare_home(os.environ.get("HOME", "/home/user"))
+    except OSError as exc:
+        sys.stderr.write("sandlot zygote: could not copy matplotlib settings: %s\n" % exc)
+    # The kernel's own preload (headless matplotlib, errors on stderr, gc.freeze()).
+    _kernel._preload(names)
+    importlib.invalidate_caches()
+    gc.collect()
+    gc.freeze()
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _serve(control: socket.socket, request: Dict[str, Any], fds: List[int], program: bytes) -> None:
+    if request.get("type") != "spawn" or len(fds) != 1:
+        raise ValueError("expected a spawn request with one descriptor")
+    rid = request.get("id")
+    mounts = [(str(p), None if s is None else int(s), str(m)) for p, s, m in request["mounts"]]
+    hostname = str(request.get("hostname") or "sandlot")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - exercised through the host's tests
+        code = 70
+        try:
+            # Not the zygote's: its wake-up descriptor (closed below; the number would
+            # be reused) and its SIGCHLD handler.
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            control.close()
+            code = _child(fds[0], mounts, hostname, program)
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                os.write(2, ("sandlot zygote: sandbox setup failed: %r\n" % (exc,)).encode())
+        os._exit(code)
+    control.send(json.dumps({"type": "spawned", "id": rid}).encode())
+
+
+# --- a new sandbox ------------------------------------------------------------------------
+
+
+def _child(channel_fd: int, mounts: List[Any], hostname: str, program: bytes) -> int:
+    """The intermediate process: new namespaces, then fork the sandbox's pid 1."""
+    _close_all_but({0, 1, 2, channel_fd})
+    _check(
+        _libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
+        "unshare",
+    )
+    if os.fork() != 0:
+        return 0  # the zygote reaps the sandbox's first process from here on
+    try:
+        return _sandbox_init(channel_fd, mounts, hostname, program)
+    except SetupFailed as exc:
+        os.write(2, ("sandlot zygote: cannot isolate the sandbox: %s\n" % exc).encode())
+        return 70
+
+
+def _close_all_but(keep: "set[int]") -> None:
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: bytes) -> int:
+    """The sandbox's pid 1: private file systems, identity, cgroup, then no privileges."""
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    for path, size, mode in mounts:
+        options = "mode=%s,uid=%d,gid=%d" % (mode, os.getuid(), os.getgid())
+        if size is not None:
+            options += ",size=%d" % size
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in PROC_COVERS:
+        path = "/proc/" + name
+        if os.path.exists(path):
+            _mount(path, path, None, MS_BIND | MS_REC)
+            _mount(
+                None,
+                path,
+                None,
+                MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            )
+    raw = hostname.encode()
+    _check(_libc.sethostname(raw, len(raw)), "sethostname")
+    _loopback_up()
+    sock = socket.socket(fileno=channel_fd)
+    # Who we are, in credentials the kernel checks and translates into the host's pid
+    # namespace; the host moves that pid into the sandbox's cgroup, then configures us.
+    ucred = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
+    sock.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, ucred)])
+    from sandlot.runner import _supervisor
+
+    reader = sock.makefile("rb")
+    config = _supervisor.read_configuration(reader)
+    if config is None:
+        return 70
+    # Rooted at the sandbox's own cgroup, which the host moved us into before it sent
+    # the configuration: /proc/self/cgroup then says "/", as in a cold sandbox.
+    _check(_libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
+    _drop_privileges(program)
+    return _supervisor.run(sock, reader, config, fork_kernel=True)
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        import fcntl
+
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _drop_privileges(program: bytes) -> None:
+    """Every capability gone, then the sandbox's seccomp filter; verified, not assumed."""
+    with open("/proc/sys/kernel/cap_last_cap") as handle:
+        last = int(handle.read())
+    for cap in range(last + 1):
+        _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capability %d" % cap)
+    _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    buffer = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    _check(
+        _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
+        "install the seccomp filter",
+    )
+    with open("/proc/self/status") as handle:
+        status = handle.read()
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        if int(fields.get(key, "1").strip(), 16) != 0:
+            raise SetupFailed("%s is not empty after dropping capabilities" % key)
+    if fields.get("NoNewPrivs", "").strip() != "1" or fields.get("Seccomp", "").strip() != "2":
+        raise SetupFailed("no_new_privs or the seccomp filter is not in place")
