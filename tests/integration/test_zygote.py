@@ -1,0 +1,271 @@
+"""Sandboxes forked from the zygote, for real: as isolated from each other as cold ones.
+
+A zygote-made sandbox shares more with its siblings than two cold sandboxes share
+(the zygote's user namespace and, copy-on-write, its memory), so each test here
+attacks exactly that: another sandbox's processes, files, shared memory, loopback
+ports, abstract sockets and SysV IPC; the zygote itself; the random state every
+fork inherits; and the limits, which must be the sandbox's own. Each isolation check
+has a positive control in the sandbox that owns the resource. The behaviour suite
+runs against this backend too (``zygote`` in ``BACKEND_MARKS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandlot import Resources, Sandbox
+
+pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
+
+TIMEOUT = 600
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., Sandbox]]:
+    started: list[Sandbox] = []
+
+    def start(backend: str = "zygote", **kwargs: Any) -> Sandbox:
+        sbx = Sandbox(backend=backend, timeout=TIMEOUT, **kwargs)
+        started.append(sbx)
+        return sbx
+
+    try:
+        yield start
+    finally:
+        for sbx in started:
+            sbx.kill()
+
+
+def _json(sbx: Sandbox, code: str) -> Any:
+    execution = sbx.run_code(textwrap.dedent(code), timeout=60)
+    assert execution.error is None, execution.error
+    return json.loads("".join(execution.logs.stdout))
+
+
+VIEW = """
+import json, os, socket, sys
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+top = {}
+for line in open("/proc/self/mountinfo").read().splitlines():
+    fields = line.split()
+    sep = fields.index("-")
+    # The last mount at a path is the one visible there.
+    top[fields[4]] = (fields[sep + 1], sorted(set(fields[5].split(",")) - {"relatime"}))
+print(json.dumps({
+    "status": {k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+                                              "NoNewPrivs", "Seccomp", "Uid", "Gid", "Groups")},
+    "mounts": top,
+    "cgroup": open("/proc/self/cgroup").read().splitlines(),
+    "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "hostname": socket.gethostname(),
+    "interfaces": [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]],
+    "env": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv[:2],
+    "home": sorted(os.listdir("/home/user")), "tmp": os.listdir("/tmp"),
+}))
+"""
+
+
+def test_a_zygote_sandbox_looks_like_a_cold_one(make: Callable[..., Sandbox]) -> None:
+    cold = _json(make("bwrap"), VIEW)
+    warm = _json(make(), VIEW)
+    assert warm["status"]["CapEff"] == "0000000000000000"
+    assert warm["status"]["Seccomp"] == "2" and warm["status"]["NoNewPrivs"] == "1"
+    # The zygote covers /proc/sys, irq and bus read-only; bubblewrap does not here (a
+    # sandbox's user namespace cannot write them either way). Nothing else differs.
+    extra = {path: warm["mounts"].pop(path) for path in set(warm["mounts"]) - set(cold["mounts"])}
+    assert set(extra) <= {"/proc/sys", "/proc/irq", "/proc/bus", "/proc/sysrq-trigger"}
+    assert all(fs == "proc" and "ro" in options for fs, options in extra.values())
+    for key in ("status", "mounts", "cgroup", "hostname", "interfaces", "env", "cwd", "home"):
+        assert warm[key] == cold[key], key
+    # Only the sandbox's own processes: its supervisor (pid 1) and kernel, like cold.
+    assert len(warm["pids"]) == len(cold["pids"]) and warm["pids"][0] == 1
+
+
+def test_sibling_sandboxes_cannot_reach_each_other(make: Callable[..., Sandbox]) -> None:
+    a, b = make(), make()
+    marker = f"sandlot-zygote-{uuid.uuid4().hex[:12]}"
+    planted = _json(
+        a,
+        f"""
+import ctypes, json, socket, subprocess
+open("/home/user/{marker}", "w").write("a")
+open("/tmp/{marker}", "w").write("a")
+open("/dev/shm/{marker}", "w").write("a")
+tcp = socket.socket(); tcp.bind(("127.0.0.1", 0)); tcp.listen()
+abstract = socket.socket(socket.AF_UNIX); abstract.bind("\\0{marker}"); abstract.listen()
+libc = ctypes.CDLL(None, use_errno=True)
+shm = libc.shmget(0x5a17, 4096, 0o1666)  # IPC_CREAT | 0666
+import sys
+SLEEPER = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "{marker}"])
+globals()["_keep"] = (tcp, abstract)
+print(json.dumps({{"port": tcp.getsockname()[1], "shm": shm}}))
+""",
+    )
+    assert planted["shm"] >= 0  # the SysV segment exists in a
+    seen = _json(
+        b,
+        f"""
+import ctypes, glob, json, os, socket
+out = {{"files": glob.glob("/home/user/*{marker}*") + glob.glob("/tmp/*{marker}*")
+                 + glob.glob("/dev/shm/*{marker}*")}}
+procs = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        procs.append(open(f"/proc/{{pid}}/cmdline", "rb").read().decode(errors="replace"))
+    except OSError:
+        pass
+out["procs"] = [p for p in procs if "{marker}" in p]
+for name, family, address in (("tcp", socket.AF_INET, ("127.0.0.1", {planted["port"]})),
+                              ("abstract", socket.AF_UNIX, "\\0{marker}")):
+    s = socket.socket(family); s.settimeout(2)
+    try:
+        s.connect(address); out[name] = "connected"
+    except OSError as exc:
+        out[name] = exc.errno
+libc = ctypes.CDLL(None, use_errno=True)
+out["shm"] = libc.shmget(0x5a17, 4096, 0o666)
+print(json.dumps(out))
+""",
+    )
+    # Everything b may signal, killed; a must not notice.
+    b.commands.run("kill -9 -1; true")
+    assert seen["files"] == [] and seen["procs"] == []
+    assert seen["tcp"] != "connected" and seen["abstract"] != "connected"
+    assert seen["shm"] == -1
+    # Positive controls, and a is untouched by b's kill -9 -1.
+    control = _json(
+        a,
+        f"""
+import glob, json, socket
+s = socket.socket(socket.AF_UNIX); s.connect("\\0{marker}")
+print(json.dumps({{"files": len(glob.glob("/*/{marker}") + glob.glob("/*/*/{marker}")),
+                  "sleeper": any("{marker}" in open(f"/proc/{{p}}/cmdline").read()
+                                 for p in __import__("os").listdir("/proc") if p.isdigit())}}))
+""",
+    )
+    assert control == {"files": 3, "sleeper": True}
+
+
+def test_the_zygote_is_out_of_reach(make: Callable[..., Sandbox]) -> None:
+    sbx = make()
+    outcome = _json(
+        sbx,
+        """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+out["unshare net"] = libc.unshare(0x40000000) or ctypes.get_errno()
+out["unshare user"] = libc.unshare(0x10000000) or ctypes.get_errno()
+out["mount"] = libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) or ctypes.get_errno()
+out["umount /proc"] = libc.umount2(b"/proc", 2) or ctypes.get_errno()
+out["sethostname"] = libc.sethostname(b"x", 1) or ctypes.get_errno()
+try:
+    out["setns"] = libc.setns(os.open("/proc/1/ns/net", os.O_RDONLY), 0) or ctypes.get_errno()
+except OSError as exc:
+    out["setns"] = exc.errno  # pid 1 is not dumpable: its namespaces cannot even be opened
+out["ptrace 1"] = libc.ptrace(16, 1, None, None) or ctypes.get_errno()
+out["pid 1"] = open("/proc/1/cmdline", "rb").read().split(b"\\0")[-4:-1] != [b""]
+print(json.dumps(out))
+""",
+    )
+    assert outcome.pop("pid 1") is True
+    assert 0 not in outcome.values(), outcome
+
+
+def test_siblings_do_not_share_random_state(make: Callable[..., Sandbox]) -> None:
+    code = (
+        "import json, random, numpy, uuid, tempfile\n"
+        "print(json.dumps([random.random(), numpy.random.rand(), uuid.uuid4().hex,"
+        " next(tempfile._get_candidate_names())]))\n"
+    )
+    first, second = (_json(make(), code) for _ in range(2))
+    for mine, theirs in zip(first, second, strict=True):
+        assert mine != theirs
+
+
+def test_limits_are_the_sandboxs_own(make: Callable[..., Sandbox]) -> None:
+    small = make(resources=Resources(memory_mb=256, pids=32))
+    oom = small.run_code("x = bytearray(600 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])")
+    assert oom.error is not None and oom.error.name == "OutOfMemoryError", oom.error
+    assert oom.usage is not None and oom.usage.memory_limit_bytes == 256 * 1024 * 1024
+    forks = _json(
+        small,
+        """
+import json, os, time
+pids, error = [], None
+for _ in range(64):
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        error = exc.errno
+        break
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.kill(pid, 9)
+print(json.dumps({"forked": len(pids), "error": error}))
+""",
+    )
+    assert forks["error"] == 11 and forks["forked"] < 32  # EAGAIN from pids.max
+    # A sibling with the default limits is unaffected.
+    assert make().run_code("x = bytearray(600 * 1024 * 1024); len(x)").text == "629145600"
+
+
+def _sandbox_processes(marker: str) -> list[int]:
+    """Processes whose last argument is ``marker`` (the sleepers, not their owner)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{name}/cmdline").read_bytes().endswith(marker.encode() + b"\0"):
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def test_killing_the_owner_leaves_no_zygote_and_no_sandbox(tmp_path: Path) -> None:
+    marker = f"sandlot-zygote-owner-{uuid.uuid4().hex[:12]}"
+    program = textwrap.dedent(
+        f"""
+        import sys, time
+        from sandlot import Sandbox
+        boxes = [Sandbox(backend="zygote") for _ in range(3)]
+        for box in boxes:
+            box.run_code(
+                "import subprocess, sys; p = subprocess.Popen("
+                "[sys.executable, '-c', 'import time; time.sleep(600)', '{marker}'])"
+            )
+        print("ready", flush=True)
+        time.sleep(600)
+        """
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", program], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        assert owner.stdout is not None
+        assert owner.stdout.readline().strip() == "ready"
+        assert len(_sandbox_processes(marker)) == 3
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+    deadline = time.monotonic() + 20
+    while _sandbox_processes(marker):
+        assert time.monotonic() < deadline, _sandbox_processes(marker)
+        time.sleep(0.1)
