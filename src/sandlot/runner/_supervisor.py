@@ -240,7 +240,7 @@ class Supervisor:
         fork, self.fork_next_kernel = self.fork_next_kernel, False
         return fork and threading.active_count() == 1
 
-    def fork(self, sock_fd: int, out_w: int, err_w: int, cwd: str, args: List[str]) -> "Forked":
+    def fork(self, sock_fd: int, out_w: int, err_w: int, cwd: str, argv: List[str]) -> "Forked":
         """Start a kernel as a fork of this process, with its modules already imported.
 
         The child gets exactly what a spawned kernel gets: its socket, the stdout and
@@ -249,7 +249,7 @@ class Supervisor:
         with self.spawn_lock:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child never returns
-                _become_kernel(sock_fd, out_w, err_w, cwd, args)
+                _become_kernel(sock_fd, out_w, err_w, cwd, argv)
             self.known.add(pid)
         return Forked(pid)
 
@@ -707,10 +707,15 @@ class Forked:
                 os.kill(self.pid, signal.SIGKILL)
 
 
-def _become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, args: List[str]) -> None:
-    """In a freshly forked child: set up the process like a spawned kernel, run it, exit."""
+def _become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, argv: List[str]) -> None:
+    """In a freshly forked child: set up the process like a spawned kernel (``argv`` is
+    the command line it would have been started with), run it, exit."""
     code = 70
+    args = argv[5:]  # after: python -I -c BOOTSTRAP <lib>
     try:
+        from sandlot.runner._zygote import set_cmdline
+
+        set_cmdline(argv[:-2])  # without "--config <json>", which rarely fits
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -923,7 +928,7 @@ class KernelProcess:
         ]
         try:
             if self.supervisor.take_fork():
-                self.proc = self.supervisor.fork(theirs.fileno(), out_w, err_w, self.cwd, argv[5:])
+                self.proc = self.supervisor.fork(theirs.fileno(), out_w, err_w, self.cwd, argv)
             else:
                 self.proc = self.supervisor.spawn(
                     argv,

@@ -130,7 +130,15 @@ def _mount(
 # --- the zygote process -----------------------------------------------------------------
 
 
+_COMMAND: List[str] = []
+"""The interpreter and bootstrap arguments this process was started with (everything
+before the role), which a sandbox's processes show as their own command line."""
+
+
 def main(argv: List[str]) -> int:
+    with open("/proc/self/cmdline", "rb") as handle:
+        words = handle.read().decode().split("\0")
+    _COMMAND[:] = words[: words.index("zygote")]
     control = socket.socket(fileno=int(argv[argv.index("--fd") + 1]))
     filter_fd = int(argv[argv.index("--filter-fd") + 1])
     program = _read_all(filter_fd)
@@ -312,7 +320,25 @@ def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: by
     # the configuration: /proc/self/cgroup then says "/", as in a cold sandbox.
     _check(_libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
     _drop_privileges(program)
+    set_cmdline([*_COMMAND, "supervisor", "--fd", str(channel_fd)])
     return _supervisor.run(sock, reader, config, fork_kernel=True)
+
+
+def set_cmdline(argv: List[str]) -> None:
+    """Make ``/proc/self/cmdline`` read ``argv`` (what a cold sandbox's process shows),
+    by rewriting the argument area in place, as ps-title tools do. The area cannot
+    grow: arguments that do not fit are dropped from the end."""
+    with open("/proc/self/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (stat fields 48, 49)
+    room = end - start
+    data = b""
+    for arg in argv:
+        item = arg.encode() + b"\0"
+        if len(data) + len(item) > room:
+            break
+        data += item
+    ctypes.memmove(start, data.ljust(room, b"\0"), room)
 
 
 def _loopback_up() -> None:
