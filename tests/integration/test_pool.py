@@ -31,9 +31,10 @@ pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
 TIMEOUT = 600
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(size=2, backend="bwrap") as pool:
+@pytest.fixture(scope="module", params=["bwrap", "zygote"])
+def pool(request: pytest.FixtureRequest) -> Iterator[Pool]:
+    """A pool refilled with cold bwrap starts, or with forks of the zygote."""
+    with Pool(size=2, backend=request.param) as pool:
         pool.warm()
         yield pool
 
@@ -45,7 +46,7 @@ def _hit(pool: Pool) -> Sandbox:
         assert time.monotonic() < deadline, f"the pool did not fill: {pool.stats()}"
         time.sleep(0.05)
     hits = pool.stats().hits
-    sbx = Sandbox(backend="bwrap", pool=pool, timeout=TIMEOUT)
+    sbx = Sandbox(backend=pool._backend, pool=pool, timeout=TIMEOUT)
     assert pool.stats().hits == hits + 1
     return sbx
 
@@ -230,7 +231,7 @@ def test_killing_a_pooled_sandbox_leaves_nothing(pool: Pool) -> None:
     process = getattr(handle, "_process", None)
     assert process is not None
     processes = _tree(process.pid)
-    assert len(processes) >= 3  # bwrap, the supervisor, a kernel, the sleeper...
+    assert len(processes) >= 3  # (bwrap,) the supervisor, a kernel, the sleeper...
     sbx.kill()
     deadline = time.monotonic() + 10
     while _alive(processes):
