@@ -8,9 +8,13 @@ template interpreter, so the baselines and sandlot can be compared directly:
 * ``naive bwrap``: the same ``python -c`` inside a bare per-call bubblewrap sandbox
   (new namespaces, read-only root; no sandlot, no seccomp, no cgroup);
 * ``sandlot cold``: ``Sandbox()`` then the first ``run_code`` result, no pool;
-* ``sandlot pool``: ``Sandbox(pool=...)`` from a warm pool whose sandboxes have the
-  data stack already imported (each timed run starts once the pool has a ready
-  sandbox; the refill rate shows up in the throughput rows instead);
+* ``sandlot zygote``: ``Sandbox(backend="zygote")``, a sandbox forked from the
+  template's zygote, which has the data stack imported (fresh namespaces, cgroup,
+  seccomp and no capabilities per sandbox), no pool;
+* ``sandlot pool``: ``Sandbox(backend=..., pool=...)`` from a warm pool (refilled from
+  the zygote unless ``--pool-backend bwrap``) whose sandboxes have the data stack
+  already imported (each timed run starts once the pool has a ready sandbox; the
+  refill rate shows up in the throughput rows instead);
 * Docker rows, when a Docker backend is registered in sandlot and its engine runs.
 
 Run (as root or as a user that can run sandlot), for example:
@@ -27,6 +31,7 @@ versions). Numbers on a shared machine are noisy: read them next to the load ave
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import datetime
 import json
@@ -255,9 +260,17 @@ def _make_pool(args: argparse.Namespace) -> Any:
     pool_cls = getattr(sandlot, "Pool", None)
     if pool_cls is None:
         return None
-    pool = pool_cls(size=args.pool_size, preload=DATA_STACK)
+    pool = pool_cls(size=args.pool_size, preload=DATA_STACK, backend=args.pool_backend)
     pool.warm()  # the key every Sandbox(pool=pool) below uses
     return pool
+
+
+def _from_pool(pool: Any) -> Sandbox:
+    return Sandbox(backend=pool._backend, pool=pool)
+
+
+def _zygote() -> Sandbox:
+    return Sandbox(backend="zygote")
 
 
 def _wait_warm(pool: Any, timeout: float = 120.0) -> None:
@@ -276,9 +289,10 @@ def bench_first_result(args: argparse.Namespace, python: str, pool: Any) -> list
         Row(metric, "python -c (no sandbox, floor)", "ms"),
         Row(metric, "naive bwrap + python -c", "ms"),
         Row(metric, "sandlot cold (no pool)", "ms"),
+        Row(metric, "sandlot zygote (a fork per sandbox, no pool)", "ms"),
     ]
     if pool is not None:
-        rows.append(Row(metric, "sandlot pool (preloaded)", "ms"))
+        rows.append(Row(metric, f"sandlot pool ({pool._backend}, preloaded)", "ms"))
     floor = [python, "-c", IMPORT_STACK]
     naive = [*naive_bwrap_argv(python), "-c", IMPORT_STACK]
     shares = Row(metric, "python -c in a cgroup beside the sandboxes' (no sandbox)", "ms")
@@ -289,9 +303,17 @@ def bench_first_result(args: argparse.Namespace, python: str, pool: Any) -> list
             return time.perf_counter()
 
     def pooled() -> float:
-        with Sandbox(pool=pool) as sbx:
+        with _from_pool(pool) as sbx:
             _check(sbx.run_code(FIRST_CELL))
             return time.perf_counter()
+
+    def forked() -> float:
+        with _zygote() as sbx:
+            _check(sbx.run_code(FIRST_CELL))
+            return time.perf_counter()
+
+    with _zygote():  # the zygote's own start (once per template) is not timed
+        pass
 
     # Interleaved, so that load changes during the run hit every variant alike.
     with _beside_sandboxes() as enter:
@@ -301,6 +323,7 @@ def bench_first_result(args: argparse.Namespace, python: str, pool: Any) -> list
             if enter is not None:
                 _timed(shares, lambda: _run_ok(floor, enter))
             _timed(rows[2], cold)
+            _timed(rows[3], forked)
             if pool is not None:
                 _wait_warm(pool)
                 _timed(rows[-1], pooled)
@@ -309,11 +332,13 @@ def bench_first_result(args: argparse.Namespace, python: str, pool: Any) -> list
     if shares.samples:
         rows.insert(2, shares)
         shares.note = "the CPU scheduler's share for sandboxes, without any sandbox"
-    if pool is not None:
-        # The pool's remaining runs (it is cheap; the cold ones above are not).
-        for _ in range(args.runs - args.cold_runs):
+    # The remaining runs of the cheap rows (the cold ones above are not cheap).
+    for _ in range(args.runs - args.cold_runs):
+        _timed(rows[-2 if pool is not None else -1], forked)
+        if pool is not None:
             _wait_warm(pool)
             _timed(rows[-1], pooled)
+    if pool is not None:
         stats = pool.stats()
         rows[-1].note = f"pool hits {stats.hits}, misses {stats.misses}"
     return rows
@@ -325,6 +350,7 @@ def bench_round_trip(args: argparse.Namespace) -> list[Row]:
     for sbx, variant in (
         (Sandbox(), "sandlot (precheck=report, default)"),
         (Sandbox(precheck="off"), "sandlot (precheck=off)"),
+        (Sandbox(backend="zygote", precheck="off"), "sandlot zygote (precheck=off)"),
     ):
         row = Row(metric, variant, "ms")
         with sbx:
@@ -346,8 +372,9 @@ def bench_memory(args: argparse.Namespace, python: str, pool: Any) -> list[Row]:
         Row(metric, "sandlot cold, idle (nothing run)", "MiB"),
         Row(metric, "sandlot cold, data stack imported", "MiB"),
     ]
+    rows.append(Row(metric, "sandlot zygote, idle (data stack imported)", "MiB"))
     if pool is not None:
-        rows.append(Row(metric, "sandlot pool (preloaded, gc.freeze)", "MiB"))
+        rows.append(Row(metric, f"sandlot pool ({pool._backend}, preloaded)", "MiB"))
     procs = [
         subprocess.Popen(
             [python, "-c", IMPORT_STACK + "; import sys; sys.stdin.read()"],
@@ -385,22 +412,74 @@ def bench_memory(args: argparse.Namespace, python: str, pool: Any) -> list[Row]:
 
     measure(rows[1], Sandbox, None)
     measure(rows[2], Sandbox, FIRST_CELL)
+    measure(rows[3], _zygote, None)
     if pool is not None:
 
         def from_pool() -> Sandbox:
             _wait_warm(pool)
-            return Sandbox(pool=pool)
+            return _from_pool(pool)
 
-        measure(rows[3], from_pool, None)
+        measure(rows[4], from_pool, None)
     return rows
+
+
+def bench_many(args: argparse.Namespace) -> list[Row]:
+    """``--many`` zygote sandboxes alive at once: does the host hold them, and what each
+    costs (its processes' PSS, plus its share of the zygote's)."""
+    if args.many <= 0:
+        return []
+    from sandlot.backends.bwrap import _zygote as zygote_backend
+
+    metric = f"{args.many} idle zygote sandboxes alive at once, PSS per sandbox"
+    row = Row(metric, "sandlot zygote (own processes + 1/N of the zygote)", "MiB")
+    errors: list[str] = []
+    with contextlib.ExitStack() as stack:
+        boxes = []
+        for i in range(args.many):
+            row.attempts += 1
+            try:
+                boxes.append(stack.enter_context(_zygote()))
+                row.ok += 1
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            if (i + 1) % 50 == 0:
+                _progress(f"many: {i + 1}/{args.many}")
+        time.sleep(1)
+        per_box: list[list[int]] = []
+        for sbx in boxes:
+            try:
+                per_box.append(sandbox_pids(sbx))
+            except RuntimeError as exc:
+                errors.append(f"{exc}")
+        in_boxes = {pid for pids in per_box for pid in pids}
+        zygotes = [
+            z._process.pid for z in zygote_backend._ZYGOTES.values() if z._process is not None
+        ]
+        own = [p for pid in zygotes for p in (pid, *_pids_under(pid)) if p not in in_boxes]
+        zygote_pss = pss_mib(own)
+        share = zygote_pss / max(1, len(per_box))
+        for pids in per_box:
+            row.samples.append(pss_mib(pids) + share)
+        alive = sum(1 for sbx in boxes if sbx.is_running())
+        row.note = f"{alive}/{args.many} answered is_running(); zygote PSS {zygote_pss:.0f} MiB"
+        if errors:
+            row.note += f"; {len(errors)} failed, first: {errors[0]}"
+    return [row]
 
 
 def bench_throughput(args: argparse.Namespace, pool: Any) -> list[Row]:
     """Sandboxes per second, create + run `1+1` + kill, one after another."""
     metric = "sustained create + run `1+1` + kill (sequential)"
-    rows = [Row(metric, "sandlot cold (no pool)", "sandboxes/s")]
+    rows = [
+        Row(metric, "sandlot cold (no pool)", "sandboxes/s"),
+        Row(metric, "sandlot zygote (no pool)", "sandboxes/s"),
+    ]
     if pool is not None:
-        rows.append(Row(metric, "sandlot pool (refilled in the background)", "sandboxes/s"))
+        rows.append(
+            Row(
+                metric, f"sandlot pool ({pool._backend}, refilled in the background)", "sandboxes/s"
+            )
+        )
 
     def loop(row: Row, make: Callable[[], Sandbox]) -> None:
         started = time.perf_counter()
@@ -418,7 +497,7 @@ def bench_throughput(args: argparse.Namespace, pool: Any) -> list[Row]:
     def pooled(row: Row, pool: Any) -> None:
         _wait_warm(pool)
         before = pool.stats()
-        loop(row, lambda: Sandbox(pool=pool))
+        loop(row, lambda: _from_pool(pool))
         after = pool.stats()
         row.note = (
             f"{after.hits - before.hits} hits, {after.misses - before.misses} misses "
@@ -426,15 +505,37 @@ def bench_throughput(args: argparse.Namespace, pool: Any) -> list[Row]:
         )
 
     loop(rows[0], Sandbox)
+    loop(rows[1], _zygote)
     if pool is not None:
-        pooled(rows[1], pool)
-        # The same without the data-stack import: what the pool machinery itself gives
-        # a caller who runs trivial cells (its own pool, so refills do not compete).
-        rows.append(Row(metric, "sandlot pool without preload", "sandboxes/s"))
-        with type(pool)(size=args.pool_size, preload=()) as bare:
-            bare.warm()
-            pooled(rows[2], bare)
-    return rows
+        pooled(rows[2], pool)
+    # Callers in parallel (a server's request handlers), one per core.
+    workers = os.cpu_count() or 2
+    parallel = Row(
+        f"sustained create + run `1+1` + kill ({workers} callers in parallel)",
+        "sandlot zygote (no pool)",
+        "sandboxes/s",
+    )
+    with concurrent.futures.ThreadPoolExecutor(workers) as executor:
+        started = time.perf_counter()
+        per_worker = max(1, args.throughput_n // workers)
+
+        def work() -> int:
+            done = 0
+            for _ in range(per_worker):
+                with _zygote() as sbx:
+                    _check(sbx.run_code("1+1"))
+                done += 1
+            return done
+
+        futures = [executor.submit(work) for _ in range(workers)]
+        parallel.attempts = per_worker * workers
+        for future in futures:
+            try:
+                parallel.ok += future.result()
+            except Exception as exc:
+                parallel.note = f"{type(exc).__name__}: {exc}"[:200]
+        parallel.samples.append(parallel.ok / (time.perf_counter() - started))
+    return [*rows, parallel]
 
 
 def bench_data(args: argparse.Namespace, python: str, pool: Any, workdir: Path) -> list[Row]:
@@ -462,7 +563,7 @@ def bench_data(args: argparse.Namespace, python: str, pool: Any, workdir: Path) 
         plain.ok = plain_cpu.ok = len(pairs)
     else:
         plain.note = done.stderr.decode(errors="replace")[-200:]
-    make: Callable[[], Sandbox] = (lambda: Sandbox(pool=pool)) if pool is not None else Sandbox
+    make: Callable[[], Sandbox] = (lambda: _from_pool(pool)) if pool is not None else _zygote
     with make() as sbx:
         with open(csv, "rb") as f:
             sbx.files.write("sales.csv", f)
@@ -487,56 +588,6 @@ def bench_data(args: argparse.Namespace, python: str, pool: Any, workdir: Path) 
             ratio = statistics.median(b.samples) / statistics.median(a.samples)
             b.note = f"p50 ratio sandlot / plain = {ratio:.3f} ({(ratio - 1) * 100:+.1f}%)"
     return [plain, boxed, plain_cpu, boxed_cpu]
-
-
-FORK_CELL = """
-import gc, json, os, time
-def private_kib(pid):
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        return sum(int(l.split()[1]) for l in f if l.startswith(("Private_Clean", "Private_Dirty")))
-times, private = [], []
-for i in range(%d):
-    r, w = os.pipe()
-    t = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        import pandas  # already imported: a dict lookup
-        os.write(w, repr(1 + 1).encode())
-        time.sleep(0.3)
-        os._exit(0)
-    os.close(w)
-    os.read(r, 16)
-    times.append((time.perf_counter() - t) * 1000)
-    time.sleep(0.05)
-    private.append(private_kib(pid) / 1024)
-    os.waitpid(pid, 0)
-    os.close(r)
-print(json.dumps({"times": times, "private": private}))
-"""
-
-
-def bench_fork(args: argparse.Namespace, pool: Any) -> list[Row]:
-    """What a zygote would start from: fork of the preloaded kernel, inside one sandbox.
-
-    No new namespaces, cgroup or seccomp per child (a real zygote adds those, a few
-    ms by the issue's prototype): a lower bound, not a sandbox start."""
-    if pool is None:
-        return []
-    metric = "fork of a preloaded kernel -> result (zygote lower bound, inside one sandbox)"
-    row = Row(metric, "os.fork() from the pooled kernel, no new namespaces", "ms")
-    mem = Row("private memory of that forked child", "Private_Clean+Dirty", "MiB")
-    n = min(args.runs, 50)
-    with Sandbox(pool=pool) as sbx:
-        execution = sbx.run_code(FORK_CELL % n, timeout=300)
-        row.attempts = mem.attempts = n
-        if execution.error is None:
-            data = json.loads("".join(execution.logs.stdout))
-            row.samples, mem.samples = data["times"], data["private"]
-            row.ok, mem.ok = len(row.samples), len(mem.samples)
-        else:
-            row.note = f"{execution.error.name}: {execution.error.value}"[:200]
-    return [row, mem]
 
 
 def bench_docker(args: argparse.Namespace) -> list[Row]:
@@ -637,8 +688,13 @@ NOTES = [
     "* *idle memory*: PSS summed over bwrap and every process under it, read from",
     "  `/proc/PID/smaps_rollup` with that many sandboxes alive (shared library pages are",
     "  split between them, so the number falls as more are alive).",
-    "* *sustained throughput*: one caller, create + run `1+1` + kill in a loop. With a pool",
-    "  it is bounded by the refill (a full sandbox start plus the data-stack import).",
+    "* *sustained throughput*: create + run `1+1` + kill in a loop, by one caller or by one",
+    "  caller per core. With a pool it is bounded by the refill (a fork of the zygote, or",
+    "  a cold start plus the data-stack import with `--pool-backend bwrap`).",
+    "* *zygote*: each sandbox is forked from the template's zygote (data stack imported",
+    "  once) into fresh mount/pid/net/ipc/uts namespaces and its own cgroup, with every",
+    "  capability dropped and the seccomp filter installed. Its PSS counts the sandbox's",
+    "  own processes; the many-sandboxes row adds each one's share of the zygote.",
     "* *data workload*: the same code timed inside one process (plain) and per cell",
     "  (sandlot, SDK duration); CPU time from `time.process_time()` (plain) and the",
     "  sandbox cgroup's CPU counter (sandlot). Wall time on a busy host mostly measures the",
@@ -670,6 +726,8 @@ def main() -> int:
     parser.add_argument("--throughput-n", type=int, default=30, help="sandboxes per loop")
     parser.add_argument("--data-runs", type=int, default=5, help="data workload repetitions")
     parser.add_argument("--pool-size", type=int, default=2)
+    parser.add_argument("--pool-backend", default="zygote", help="what the pool refills from")
+    parser.add_argument("--many", type=int, default=200, help="zygote sandboxes alive at once")
     parser.add_argument("--no-pool", action="store_true", help="skip the pool rows")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
@@ -687,7 +745,7 @@ def main() -> int:
             ("memory", lambda: bench_memory(args, python, pool)),
             ("throughput", lambda: bench_throughput(args, pool)),
             ("data workload", lambda: bench_data(args, python, pool, Path(tmp))),
-            ("fork", lambda: bench_fork(args, pool)),
+            ("many", lambda: bench_many(args)),
             ("docker", lambda: bench_docker(args)),
         ]
         for name, step in steps:
