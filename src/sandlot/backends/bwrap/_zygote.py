@@ -35,6 +35,7 @@ import socket
 import struct
 import subprocess
 import threading
+import weakref
 from typing import Any
 
 from sandlot._exceptions import BackendUnavailable, SandboxStartError
@@ -73,31 +74,28 @@ _UCRED = struct.Struct("iII")
 
 class _ForkedSandbox:
     """A zygote-made sandbox's pid 1, seen from the host: not our child, so it is
-    watched and signalled through a pidfd (no pid-reuse race)."""
+    watched and signalled through a pidfd (no pid-reuse race). The pidfd stays open
+    until this object is collected: the handle's waiter thread and ``kill()`` may wait
+    on it at the same time, and closing it under one of them could let the number be
+    reused by an unrelated file."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._pidfd = os.pidfd_open(pid)
-        self._lock = threading.Lock()
-        self._closed = False
+        self._exited = False
+        weakref.finalize(self, os.close, self._pidfd)
 
     def kill(self) -> None:
-        with self._lock:
-            if not self._closed:
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        if not self._exited:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
-        with self._lock:
-            fd = -1 if self._closed else self._pidfd
-        if fd >= 0:
-            ready, _, _ = select.select([fd], [], [], timeout)
+        if not self._exited:
+            ready, _, _ = select.select([self._pidfd], [], [], timeout)
             if not ready:
                 raise subprocess.TimeoutExpired(f"sandbox {self.pid}", timeout or 0)
-            with self._lock:
-                if not self._closed:
-                    self._closed = True
-                    os.close(self._pidfd)
+            self._exited = True
         return -signal.SIGKILL
 
 
