@@ -25,6 +25,7 @@ import ctypes
 import errno
 import json
 import os
+import queue
 import selectors
 import shutil
 import signal
@@ -139,6 +140,7 @@ class Supervisor:
         self.lib = str(config.get("lib", "/opt/sandlot/lib"))
         self.fork_next_kernel = False
         """Fork the next kernel from this process (set once, by a zygote-made sandbox)."""
+        self.workers = Workers(self.dispatch)
 
     # --- host channel -----------------------------------------------------------------
     def send(self, message: Dict[str, Any]) -> None:
@@ -172,9 +174,8 @@ class Supervisor:
                 continue
             if request["type"] == "shutdown":
                 break
-            thread = threading.Thread(target=self.dispatch, args=(request,), daemon=True)
             try:
-                thread.start()
+                self.workers.submit(request)
             except RuntimeError:
                 # No thread to be had: user code used up the pids limit (a thread bomb).
                 # Serve this request here rather than die; restarting the context frees it.
@@ -659,6 +660,46 @@ class Supervisor:
             os.makedirs(parent, exist_ok=True)
         os.rename(src, dst)
         self.reply(request["id"], self.entry(dst))
+
+
+class Workers:
+    """Threads that serve requests, each on its own thread as before, but reused: a
+    request goes to an idle worker if there is one, else to a new thread. Starting a
+    thread per request cost about a tenth of a millisecond of every cell's round trip.
+    Idle workers exit after a minute."""
+
+    IDLE = 60.0
+
+    def __init__(self, handler: Callable[[Dict[str, Any]], None]) -> None:
+        self.handler = handler
+        self.lock = threading.Lock()
+        self.idle = 0
+        self.tasks: "queue.SimpleQueue[Dict[str, Any]]" = queue.SimpleQueue()
+
+    def submit(self, request: Dict[str, Any]) -> None:
+        """Hand ``request`` to a worker; RuntimeError if no thread can be started."""
+        with self.lock:
+            if self.idle > 0:
+                self.idle -= 1
+                self.tasks.put(request)
+                return
+        threading.Thread(target=self.work, args=(request,), daemon=True).start()
+
+    def work(self, request: Dict[str, Any]) -> None:
+        while True:
+            self.handler(request)
+            with self.lock:
+                self.idle += 1
+            try:
+                request = self.tasks.get(timeout=self.IDLE)
+            except queue.Empty:
+                with self.lock:
+                    # A request may have been promised to us just as we timed out.
+                    try:
+                        request = self.tasks.get_nowait()
+                    except queue.Empty:
+                        self.idle -= 1
+                        return
 
 
 class Forked:
