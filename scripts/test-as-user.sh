@@ -58,4 +58,5 @@ log "doctor, as $USER_NAME"
 run_as_user ".venv/bin/sandlot doctor"
 log "escape suite and limits, as $USER_NAME"
 run_as_user ".venv/bin/python -m pytest -p no:cacheprovider tests/escape \
-    tests/integration/test_limits.py tests/integration/test_fail_closed.py $*"
+    tests/integration/test_limits.py tests/integration/test_fail_closed.py \
+    tests/integration/test_zygote.py $*"
