@@ -121,6 +121,8 @@ BACKEND_MARKS = {
     "bwrap": pytest.mark.requires_bwrap,
     # bwrap sandboxes forked from a zygote that has the data stack imported.
     "zygote": pytest.mark.requires_bwrap,
+    # Sandboxes handed out by a warm pool (refilled from the zygote).
+    "pool": pytest.mark.requires_bwrap,
     "docker": pytest.mark.requires_docker,
     "docker-runsc": pytest.mark.requires_runsc,
     "podman": pytest.mark.requires_podman,
@@ -152,7 +154,19 @@ def sandlot_backend(request: pytest.FixtureRequest) -> Any:
     name = getattr(request, "param", "bwrap")
     if name == "remote":
         return request.getfixturevalue("sandlot_server")
+    if name == "pool":
+        return request.getfixturevalue("sandlot_pool")
     return _make_backend(name)
+
+
+@pytest.fixture(scope="module")
+def sandlot_pool() -> Iterator[Any]:
+    """A warm pool refilled from the zygote; sandbox fixtures take theirs from it."""
+    from sandlot import Pool
+
+    with Pool(size=2, backend="zygote") as pool:
+        pool.warm(TEMPLATE)
+        yield pool
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +211,8 @@ def _start(backend: Any = "bwrap", **kwargs: Any) -> Sandbox:
     kwargs.setdefault("timeout", FIXTURE_TIMEOUT)
     if hasattr(backend, "api_key"):  # the sandlot_server fixture: remote mode
         return Sandbox(TEMPLATE, api_url=backend.url, api_key=backend.api_key, **kwargs)
+    if hasattr(backend, "acquire"):  # the sandlot_pool fixture
+        return Sandbox(TEMPLATE, backend=backend._backend, pool=backend, **kwargs)
     return Sandbox(TEMPLATE, backend=backend, **kwargs)
 
 
