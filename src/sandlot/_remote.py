@@ -14,7 +14,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import IO, Any
 
 import httpx
@@ -27,6 +27,7 @@ from sandlot._models import (
     Execution,
     ExecutionError,
     FileType,
+    NetworkEvent,
     OutputMessage,
     ResourceUsage,
     Result,
@@ -48,7 +49,7 @@ from sandlot._sandbox import (
     _seconds,
 )
 from sandlot.backends import Backend
-from sandlot.policy import Resources, SandboxSpec
+from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
 
 STREAM_SLACK = 30.0
 """Seconds the client waits past a cell's own timeout (plus the host backstop) for the
@@ -133,6 +134,7 @@ class RemoteCore(_Core):
         metadata: Mapping[str, str] | None,
         unsafe_best_effort_limits: bool = False,
         precheck: _PrecheckPolicy | None = None,
+        network: NetworkPolicy | Mapping[str, Any] | None = None,
     ) -> None:
         # _Core.__init__ is not called: nothing of the local machinery applies here.
         # The pre-check policy runs here, in the caller's process, as it does locally
@@ -146,7 +148,10 @@ class RemoteCore(_Core):
                 "(sandlot serve --unsafe-best-effort-limits)"
             )
         self.spec = SandboxSpec(
-            template=template, resources=Resources.coerce(resources), envs=dict(envs or {})
+            template=template,
+            resources=Resources.coerce(resources),
+            envs=dict(envs or {}),
+            network=NetworkPolicy.coerce(network),
         )
         self.metadata = dict(metadata or {})
         self._timeout = None if timeout is None else _seconds(timeout)
@@ -188,8 +193,13 @@ class RemoteCore(_Core):
             "metadata": self.metadata,
             "resources": {f.name: getattr(self.spec.resources, f.name) for f in fields(Resources)},
         }
+        if self.spec.network.enabled:
+            body["network"] = _network_body(self.spec.network)
         info = self._request("POST", "/v1/sandboxes", json=body).json()
         self._id = str(info["sandbox_id"])
+        # The policy in force: the server may have lowered caps left at their defaults
+        # and added its own deny_out.
+        self.spec = replace(self.spec, network=NetworkPolicy.coerce(info.get("network")))
 
     def _info(self) -> dict[str, Any]:
         info: dict[str, Any] = self._request("GET", self._path()).json()
@@ -337,6 +347,9 @@ class RemoteCore(_Core):
             execution.truncated = bool(message["truncated"])
             final = message.get("error")
             execution.error = None if final is None else ExecutionError(**final)
+            network = message.get("network")
+            if isinstance(network, list):
+                execution.network = [_network_event(item) for item in network]
             usage = message.get("usage")
             if isinstance(usage, dict):
                 names = {f.name for f in fields(ResourceUsage)}
@@ -457,6 +470,22 @@ class RemoteCore(_Core):
             type=FileType(kind) if kind in ("file", "dir") else None,
             path=str(info["path"]),
         )
+
+
+def _network_body(policy: NetworkPolicy) -> dict[str, Any]:
+    """The policy's fields for the server, caps only where they differ from the
+    defaults: a cap left out takes the server's (possibly lower) limit instead."""
+    default = NetworkPolicy()
+    body: dict[str, Any] = {"allow_out": list(policy.allow_out), "deny_out": list(policy.deny_out)}
+    for name in ("max_bytes_out", "max_bytes_in", "max_connections"):
+        if getattr(policy, name) != getattr(default, name):
+            body[name] = getattr(policy, name)
+    return body
+
+
+def _network_event(item: Mapping[str, Any]) -> NetworkEvent:
+    names = {f.name for f in fields(NetworkEvent)}
+    return NetworkEvent(**{k: v for k, v in item.items() if k in names})
 
 
 def _aborted(execution: Execution, status: Any, name: str, value: str) -> Execution:

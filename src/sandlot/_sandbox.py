@@ -32,7 +32,6 @@ from sandlot._exceptions import (
     ContextNotFoundError,
     FileOperationError,
     InvalidArgumentError,
-    IsolationUnavailable,
     NotFoundError,
     PathNotAllowedError,
     SandboxClosed,
@@ -679,14 +678,6 @@ def _open_core(
         return _Core.open(backend=backend, **kwargs)
     if kwargs.pop("pool", None) not in (None, False):
         raise InvalidArgumentError("pool= is for sandboxes on this machine, not on a server")
-    network = NetworkPolicy.coerce(kwargs.pop("network", None))
-    if network.enabled:
-        # Fail closed: the server API does not take a network policy yet, and its
-        # sandboxes would silently run without the access the caller asked for.
-        raise IsolationUnavailable(
-            "a network policy (allow_out) is not supported in remote mode yet; run the "
-            "sandbox locally (backend='bwrap') for egress"
-        )
     return RemoteCore.open(target=target, **kwargs)
 
 

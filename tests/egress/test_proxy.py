@@ -291,3 +291,32 @@ def test_socket_is_private_and_closing_the_lease_cuts_everything(origin: Origin)
         assert [e.verdict for e in events] == ["allowed"]
     finally:
         proxy.close()
+
+
+def test_a_ceiling_bounds_every_lease_of_its_proxy(origin: Origin) -> None:
+    """An operator's ceiling (a server's egress allowlist) applies on top of each lease's
+    own policy, at connect time: a lease cannot open what the ceiling does not."""
+    ceiling = NetworkPolicy(allow_out=("allowed.test", origin.entry), deny_out=("127.0.0.2",))
+    proxy = EgressProxy(
+        resolver=StaticResolver({"allowed.test": "127.0.0.1", "other.test": "127.0.0.1"}),
+        ceiling=ceiling,
+    )
+    try:
+        lease = proxy.open("sbx", NetworkPolicy(allow_out=("*", "127.0.0.0/8")))
+        assert get(lease, f"http://allowed.test:{origin.port}/hello").endswith(b"origin")
+        beyond = get(lease, f"http://other.test:{origin.port}/hello")
+        assert "403" in status(beyond) and "the operator's egress limits" in status(beyond)
+        # The lease names all of loopback; the ceiling only the origin's port.
+        port_beyond = get(lease, f"http://127.0.0.1:{origin.port - 1}/")
+        assert "403" in status(port_beyond) and "operator" in status(port_beyond)
+        denied = get(lease, f"http://127.0.0.2:{origin.port}/hello")
+        assert "matches deny_out entry '127.0.0.2'" in status(denied)
+        verdicts = [(e.host, e.verdict) for e in lease.events(settle=TIMEOUT)]
+        assert verdicts == [
+            ("allowed.test", "allowed"),
+            ("other.test", "refused"),
+            ("127.0.0.1", "refused"),
+            ("127.0.0.2", "refused"),
+        ]
+    finally:
+        proxy.close()

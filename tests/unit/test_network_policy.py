@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sandlot import NetworkPolicy, PolicyError
-from sandlot.egress import check_address, check_destination
+from sandlot.egress import check_address, check_destination, check_within
 from sandlot.egress._decide import parse_host, reserved
 from sandlot.policy import NetworkRule, SandboxSpec
 
@@ -236,3 +236,62 @@ def test_container_backends_refuse_a_network_policy_before_starting_anything() -
     for backend in (DockerBackend(), PodmanBackend()):
         with pytest.raises(IsolationUnavailable, match="network policy"):
             backend.start(spec)
+
+
+# --- a ceiling (the operator's limit on what a policy may allow) -------------------------
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "asked"),
+    [
+        (["pypi.org"], ["pypi.org", "PyPI.org."]),
+        (["pypi.org"], []),
+        (["*.example.com"], ["a.example.com", "*.a.example.com", "*.example.com"]),
+        (["*"], ["anything.test", "*.test", "*"]),
+        (["pypi.org"], ["pypi.org:443"]),  # a port narrows
+        (["10.0.0.0/8"], ["10.1.2.3", "10.9.0.0/16:8080"]),
+        (["127.0.0.1:8080"], ["127.0.0.1:8080"]),
+        (["169.254.169.254"], ["169.254.169.254:80"]),
+        (["0.0.0.0/0"], ["8.8.8.8", "1.0.0.0/8"]),
+    ],
+)
+def test_check_within_accepts_what_the_ceiling_covers(ceiling: list[str], asked: list[str]) -> None:
+    assert check_within(NetworkPolicy(allow_out=asked), NetworkPolicy(allow_out=ceiling)) == []
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "asked"),
+    [
+        ([], "pypi.org"),  # no ceiling entries: no network at all
+        (["pypi.org"], "evil.test"),
+        (["pypi.org:443"], "pypi.org"),  # any port is more than one port
+        (["*.example.com"], "example.com"),
+        (["*.example.com"], "*"),
+        (["*"], "10.0.0.1"),  # a name entry never covers an address
+        (["10.0.0.0/8"], "internal.test"),  # nor the other way round
+        (["10.0.0.0/16"], "10.0.0.0/8"),
+        # A broad block opens no reserved range, so it cannot let a tenant open one.
+        (["0.0.0.0/0"], "127.0.0.1"),
+        (["0.0.0.0/0"], "10.0.0.0/8"),
+        (["169.254.0.0/16"], "169.254.169.254"),  # metadata needs its own entry
+        (["::/0"], "fd00::1"),
+    ],
+)
+def test_check_within_refuses_what_the_ceiling_does_not_cover(
+    ceiling: list[str], asked: str
+) -> None:
+    problems = check_within(NetworkPolicy(allow_out=[asked]), NetworkPolicy(allow_out=ceiling))
+    assert len(problems) == 1 and f"allow_out[0]: {asked!r} is not within" in problems[0]
+
+
+def test_check_within_caps() -> None:
+    ceiling = NetworkPolicy(allow_out=["*"], max_bytes_in=1000, max_connections=4)
+    assert check_within(NetworkPolicy(allow_out=["a.test"], max_bytes_in=1000), ceiling) == [
+        "network.max_connections: 32 is more than the allowed 4"
+    ]
+    unlimited = check_within(
+        NetworkPolicy(allow_out=["a.test"], max_bytes_in=None, max_connections=2), ceiling
+    )
+    assert unlimited == ["network.max_bytes_in: None is more than the allowed 1000"]
+    no_caps = NetworkPolicy(allow_out=["*"], max_bytes_in=None, max_bytes_out=None)
+    assert check_within(NetworkPolicy(allow_out=["a.test"], max_bytes_in=None), no_caps) == []

@@ -66,6 +66,35 @@ def _settings(state_dir: Path | None, database: str | None, **changes: Any) -> A
     is_flag=True,
     help="Start sandboxes even where whole-sandbox cgroup limits cannot be applied.",
 )
+@click.option(
+    "--egress-allow",
+    "egress_allow",
+    multiple=True,
+    metavar="HOST",
+    help="Destinations tenants may allow their sandboxes (an allow_out entry: pypi.org, "
+    "*.example.com, 10.0.0.0/8, each with an optional :port). Repeatable. Default: none, "
+    "so tenants cannot enable network access.",
+)
+@click.option(
+    "--egress-deny",
+    "egress_deny",
+    multiple=True,
+    metavar="HOST",
+    help="Destinations no sandbox may reach, whatever its tenant allows. Repeatable.",
+)
+@click.option(
+    "--egress-max-bytes-in", type=click.IntRange(min=1), help="Largest max_bytes_in a tenant gets."
+)
+@click.option("--egress-max-bytes-out", type=click.IntRange(min=1), help="Largest max_bytes_out.")
+@click.option(
+    "--egress-max-connections", type=click.IntRange(min=1), help="Largest max_connections."
+)
+@click.option(
+    "--egress-hosts",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Resolve names for the egress proxy from this hosts-format file only "
+    "('ADDRESS NAME...' lines); other names do not resolve. Default: the host's resolver.",
+)
 def serve(
     host: str,
     port: int,
@@ -78,10 +107,31 @@ def serve(
     max_memory_mb: int | None,
     shutdown_grace: float,
     unsafe_best_effort_limits: bool,
+    egress_allow: tuple[str, ...],
+    egress_deny: tuple[str, ...],
+    egress_max_bytes_in: int | None,
+    egress_max_bytes_out: int | None,
+    egress_max_connections: int | None,
+    egress_hosts: Path | None,
 ) -> None:
     """Serve the sandbox API over HTTP (127.0.0.1 unless --host says otherwise)."""
+    from sandlot import NetworkPolicy, PolicyError
     from sandlot.server import Quotas
     from sandlot.server import serve as run_server
+
+    caps = {
+        "max_bytes_in": egress_max_bytes_in,
+        "max_bytes_out": egress_max_bytes_out,
+        "max_connections": egress_max_connections,
+    }
+    try:
+        ceiling = NetworkPolicy(
+            allow_out=egress_allow,
+            deny_out=egress_deny,
+            **{name: value for name, value in caps.items() if value is not None},
+        )
+    except PolicyError as exc:
+        raise click.BadParameter(str(exc), param_hint="--egress-allow/--egress-deny") from exc
 
     defaults = Quotas()
     quotas = Quotas(
@@ -97,6 +147,8 @@ def serve(
         quotas=quotas,
         shutdown_grace=shutdown_grace,
         unsafe_best_effort_limits=unsafe_best_effort_limits,
+        egress=ceiling,
+        egress_hosts=None if egress_hosts is None else _read_hosts(egress_hosts),
     )
     logging.basicConfig(
         level=logging.INFO,
@@ -106,6 +158,26 @@ def serve(
     _structured_logs()
     click.echo(f"sandlot server on http://{host}:{port} (state: {settings.state_dir})", err=True)
     run_server(settings, host=host, port=port)
+
+
+def _read_hosts(path: Path) -> dict[str, list[str]]:
+    """A hosts-format file (``ADDRESS NAME [NAME...]``, ``#`` comments) as name -> addresses."""
+    import ipaddress
+
+    table: dict[str, list[str]] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        try:
+            address = str(ipaddress.ip_address(fields[0]))
+        except ValueError:
+            raise click.BadParameter(
+                f"{path}:{number}: {fields[0]!r} is not an IP address", param_hint="--egress-hosts"
+            ) from None
+        for name in fields[1:]:
+            table.setdefault(name.lower().rstrip("."), []).append(address)
+    return table
 
 
 def _structured_logs() -> None:
@@ -194,6 +266,16 @@ def keys_revoke(key_id: str, state_dir: Path | None, database: str | None) -> No
 @click.option("--since", type=float, help="Only cells started in the last SINCE seconds.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--network",
+    is_flag=True,
+    help="Show the sandboxes' network connections (egress records) instead of cells.",
+)
+@click.option(
+    "--verdict",
+    type=click.Choice(["allowed", "refused", "failed"]),
+    help="With --network: only connections with this verdict.",
+)
 @_storage_options
 def audit(
     tenant: str | None,
@@ -202,15 +284,38 @@ def audit(
     since: float | None,
     limit: int,
     as_json: bool,
+    network: bool,
+    verdict: str | None,
     state_dir: Path | None,
     database: str | None,
 ) -> None:
-    """Show the audit trail: who ran what code when, where, and how it ended."""
+    """Show the audit trail: who ran what code when, where, and how it ended (or, with
+    --network, every connection a sandbox asked for)."""
     import time
 
     from sandlot.server import Store
 
     store = Store(_settings(state_dir, database).resolved_database_url)
+    if network:
+        try:
+            for row in store.query_network(
+                tenant=tenant,
+                sandbox_id=sandbox_id,
+                verdict=verdict,
+                since=time.time() - since if since is not None else None,
+                limit=limit,
+            ):
+                if as_json:
+                    click.echo(json.dumps(row, sort_keys=True))
+                    continue
+                click.echo(
+                    f"{_when(row['time'])}  {row['tenant'] or '-':12} {row['sandbox_id']}  "
+                    f"{row['verdict']:8} {row['method'] or '-':7} {row['host']}:{row['port']} "
+                    f"in={row['bytes_in']} out={row['bytes_out']}  {row['reason']}"
+                )
+        finally:
+            store.close()
+        return
     try:
         rows = store.query_executions(
             tenant=tenant,

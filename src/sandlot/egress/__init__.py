@@ -21,7 +21,14 @@ from __future__ import annotations
 
 import threading
 
-from sandlot.egress._decide import METADATA, RESERVED, Verdict, check_address, check_destination
+from sandlot.egress._decide import (
+    METADATA,
+    RESERVED,
+    Verdict,
+    check_address,
+    check_destination,
+    check_within,
+)
 from sandlot.egress._proxy import (
     EgressLease,
     EgressProxy,
@@ -41,6 +48,7 @@ __all__ = [
     "Verdict",
     "check_address",
     "check_destination",
+    "check_within",
     "default_proxy",
 ]
 

@@ -11,6 +11,10 @@ A connection is decided twice:
    which only an ``allow_out`` IP/CIDR entry lying inside the range can open. So a
    public name that resolves (or is re-pointed, "DNS rebinding") to an internal address
    is refused, and ``0.0.0.0/0`` never opens loopback or the metadata endpoint.
+
+A proxy may also have a *ceiling* (the operator's policy on a server): every decision
+is then made against both policies, and :func:`check_within` tells up front whether a
+requested policy asks for anything the ceiling does not allow.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from sandlot.policy import IPNetwork, NetworkPolicy, normalise_host
+from sandlot.policy import IPNetwork, NetworkPolicy, NetworkRule, normalise_host
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -127,6 +131,66 @@ def check_address(policy: NetworkPolicy, address: IPAddress, port: int) -> Verdi
         False,
         f"{address} is {kind}; only an allow_out IP/CIDR entry within {block} can open it",
     )
+
+
+def check_within(policy: NetworkPolicy, ceiling: NetworkPolicy) -> list[str]:
+    """Why ``policy`` asks for more than ``ceiling`` allows; [] when it does not.
+
+    Every ``allow_out`` entry must be covered by one ``ceiling.allow_out`` entry (a name
+    by that name, a wildcard above it or ``*``; an address or block by a block holding
+    it, and, inside a reserved range, only by a block that itself lies in that range,
+    as :func:`check_address` would open it), and every cap must be at most the
+    ceiling's (no cap counts as infinite). ``deny_out`` entries only narrow a policy.
+    """
+    problems = []
+    for index, rule in enumerate(policy.allow_rules):
+        if not any(_covers(outer, rule) for outer in ceiling.allow_rules):
+            problems.append(
+                f"network.allow_out[{index}]: {rule.entry!r} is not within {_ceiling(ceiling)}"
+            )
+    for name in ("max_bytes_out", "max_bytes_in", "max_connections"):
+        asked, cap = getattr(policy, name), getattr(ceiling, name)
+        if cap is not None and (asked is None or asked > cap):
+            problems.append(f"network.{name}: {asked} is more than the allowed {cap}")
+    return problems
+
+
+def _ceiling(ceiling: NetworkPolicy) -> str:
+    if not ceiling.allow_out:
+        return "the allowed destinations (none: network access is not allowed)"
+    return f"the allowed destinations {list(ceiling.allow_out)}"
+
+
+def _covers(outer: NetworkRule, inner: NetworkRule) -> bool:
+    """Whether everything ``inner`` can open, ``outer`` opens too."""
+    if outer.port is not None and outer.port != inner.port:
+        return False
+    if inner.domain is not None:
+        if outer.domain is None:
+            return False
+        if outer.domain == "*":
+            return True
+        if outer.domain.startswith("*.") and inner.domain != "*":
+            below = inner.domain[2:] if inner.domain.startswith("*.") else inner.domain
+            return inner.domain == outer.domain or below.endswith(outer.domain[1:])
+        return inner.domain == outer.domain
+    if outer.network is None or inner.network is None:
+        return False
+    if not _inside(inner.network, outer.network):
+        return False
+    block = _reserved_block(inner.network)
+    return block is None or _inside(outer.network, block)
+
+
+def _reserved_block(network: IPNetwork) -> IPNetwork | None:
+    """The reserved range an entry lies in (the one :func:`check_address` would name)."""
+    for net, _ in RESERVED:
+        if _inside(network, net):
+            return net
+    if network.num_addresses == 1:
+        kind, block = reserved(network.network_address)
+        return None if kind is None else block
+    return None
 
 
 def reserved(address: IPAddress) -> tuple[str | None, IPNetwork]:

@@ -39,7 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandlot._models import NetworkEvent, NetworkVerdict
-from sandlot.egress._decide import IPAddress, check_address, check_destination, parse_host
+from sandlot.egress._decide import (
+    IPAddress,
+    Verdict,
+    check_address,
+    check_destination,
+    parse_host,
+)
 from sandlot.policy import NetworkPolicy
 
 log = logging.getLogger("sandlot.egress")
@@ -183,6 +189,10 @@ class EgressProxy:
         :class:`NetworkEvent`, for an audit trail; must not block.
     :param connect_timeout: seconds to wait for a destination to accept.
     :param head_timeout: seconds a sandbox has to send its request head.
+    :param ceiling: a policy every lease is held to as well as its own (an operator's
+        limit on what sandboxes may be allowed, e.g. on a server): a connection must
+        pass both. Its caps are not applied here; see
+        :func:`sandlot.egress.check_within` to refuse a policy that asks for more.
     """
 
     def __init__(
@@ -192,8 +202,10 @@ class EgressProxy:
         on_event: Callable[[NetworkEvent], None] | None = None,
         connect_timeout: float = 10.0,
         head_timeout: float = 30.0,
+        ceiling: NetworkPolicy | None = None,
     ) -> None:
         self.resolver: Resolver = resolver or SystemResolver()
+        self.ceiling = ceiling
         self.on_event = on_event
         self.connect_timeout = connect_timeout
         self.head_timeout = head_timeout
@@ -357,7 +369,7 @@ class EgressProxy:
         target = parse_host(conn.host)
         if target is None:
             raise _Refused(403, "refused", f"{conn.host!r} is not a valid host name or address")
-        verdict = check_destination(lease.policy, target, conn.port)
+        verdict = self._check(check_destination, lease.policy, target, conn.port)
         if not verdict.allowed:
             raise _Refused(403, "refused", verdict.reason)
         allowed_by = verdict.reason
@@ -375,7 +387,7 @@ class EgressProxy:
         refusals: list[str] = []
         errors: list[str] = []
         for address in addresses:
-            check = check_address(lease.policy, address, conn.port)
+            check = self._check(check_address, lease.policy, address, conn.port)
             if not check.allowed:
                 refusals.append(check.reason)
                 continue
@@ -396,6 +408,22 @@ class EgressProxy:
                 502, "failed", f"cannot connect to {conn.host}:{conn.port}: " + "; ".join(errors)
             )
         raise _Refused(403, "refused", f"{conn.host}: " + "; ".join(refusals))
+
+    def _check(
+        self,
+        decide: Callable[[NetworkPolicy, Any, int], Verdict],
+        policy: NetworkPolicy,
+        target: Any,
+        port: int,
+    ) -> Verdict:
+        """``decide`` under the lease's policy and then under the ceiling, if any."""
+        verdict = decide(policy, target, port)
+        if not verdict.allowed or self.ceiling is None:
+            return verdict
+        limit = decide(self.ceiling, target, port)
+        if limit.allowed:
+            return verdict
+        return Verdict(False, f"{limit.reason} (the operator's egress limits)")
 
     async def _relay(
         self,

@@ -250,6 +250,7 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
             if not manager.closing:
                 await asyncio.to_thread(manager.drain, 0.0)
             state.executor.shutdown(wait=False, cancel_futures=True)
+            await asyncio.to_thread(manager.egress.close)  # writes the last egress records
             store.close()
 
     app = FastAPI(

@@ -216,6 +216,9 @@ class CellRunner:
                 "error": error_dict(execution.error),
                 "precheck": precheck,
                 "usage": usage,
+                "network": None
+                if execution.network is None
+                else [event.to_dict() for event in execution.network],
             }
         )
 

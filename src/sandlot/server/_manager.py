@@ -23,7 +23,9 @@ from typing import Any
 
 from sandlot import Resources, Sandbox, SandlotError
 from sandlot._exceptions import InvalidArgumentError, IsolationUnavailable
+from sandlot.backends import get_backend
 from sandlot.backends._cgroups import sweep_orphans
+from sandlot.server._egress import ServerEgress, policy_dict
 from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._store import Principal, Store
 
@@ -70,6 +72,7 @@ class ManagedSandbox:
             "expires_at": self.expires_at,
             "running": self.sandbox.is_running(),
             "restarts": self.sandbox._core.restarts,
+            "network": policy_dict(self.sandbox.network),
         }
 
 
@@ -99,9 +102,12 @@ def process_start_time(pid: int) -> str | None:
 class SandboxManager:
     """Owns every sandbox the server started. Thread-safe; methods block (call them in threads)."""
 
-    def __init__(self, settings: ServerSettings, store: Store) -> None:
+    def __init__(
+        self, settings: ServerSettings, store: Store, egress: ServerEgress | None = None
+    ) -> None:
         self.settings = settings
         self.store = store
+        self.egress = egress or ServerEgress(settings, store)
         self._lock = threading.Lock()
         self._sandboxes: dict[str, ManagedSandbox] = {}
         self._pending: collections.Counter[str] = collections.Counter()
@@ -162,10 +168,14 @@ class SandboxManager:
         envs: Mapping[str, str],
         metadata: Mapping[str, str],
         resources: Mapping[str, Any] | None,
+        network: Mapping[str, Any] | None = None,
     ) -> ManagedSandbox:
+        """``network``: the fields of a network policy the tenant set (see
+        :meth:`ServerEgress.policy_for`); None or no ``allow_out``: no network."""
         if self.closing:
             raise ApiError(503, "ShuttingDown", "the server is shutting down")
         spec = Resources.coerce(dict(resources) if resources is not None else None)
+        policy = self.egress.policy_for(network)
         if spec.memory_mb is None:
             raise InvalidArgumentError(
                 "resources.memory_mb must be set on a server (it counts against the tenant's "
@@ -175,9 +185,15 @@ class SandboxManager:
         tenant = principal.tenant
         self._reserve(tenant, spec.memory_mb)
         try:
+            # Sandboxes with a policy use the server's proxy (its ceiling, resolver
+            # and audit trail), never the process-wide one.
+            backend = self.settings.backend
             sandbox = Sandbox(
                 template,
-                backend=self.settings.backend,
+                backend=get_backend(backend, egress=self.egress.proxy)
+                if policy.enabled
+                else backend,
+                network=policy,
                 resources=spec,
                 envs=dict(envs),
                 timeout=None,  # the manager expires it (see reap), so it is accounted for

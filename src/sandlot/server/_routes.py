@@ -73,12 +73,37 @@ def _resources_model() -> type[BaseModel]:
 ResourcesIn = _resources_model()
 
 
+_Entry = Annotated[str, Field(min_length=1, max_length=300)]
+_Cap = Annotated[int, Field(gt=0, le=2**62)]
+
+
+class NetworkIn(Strict):
+    """sandlot.NetworkPolicy: where the sandbox may connect out, within what this server
+    allows (else 400). No ``allow_out``: no network. A cap left out takes sandlot's
+    default or the server's cap, whichever is lower; null asks for no cap."""
+
+    allow_out: list[_Entry] = Field(default_factory=list, max_length=256)
+    deny_out: list[_Entry] = Field(default_factory=list, max_length=256)
+    max_bytes_out: _Cap | None = None
+    max_bytes_in: _Cap | None = None
+    max_connections: _Cap | None = None
+
+
 class CreateSandbox(Strict):
     template: str = Field("python-data", min_length=1, max_length=128)
     timeout: float | None = Field(300.0, gt=0, description="Seconds until the sandbox is killed.")
     envs: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)
     resources: ResourcesIn | None = None  # type: ignore[valid-type]
+    network: NetworkIn | None = None
+
+
+class NetworkInfo(BaseModel):
+    allow_out: list[str]
+    deny_out: list[str]
+    max_bytes_out: int | None
+    max_bytes_in: int | None
+    max_connections: int | None
 
 
 class SandboxInfo(BaseModel):
@@ -90,6 +115,9 @@ class SandboxInfo(BaseModel):
     expires_at: float
     running: bool
     restarts: int
+    network: NetworkInfo | None = Field(
+        None, description="The network policy in force (null: no network)."
+    )
 
 
 class SetTimeout(Strict):
@@ -207,6 +235,7 @@ async def create_sandbox(request: Request, body: CreateSandbox, principal: Auth)
         envs=body.envs,
         metadata=body.metadata,
         resources=None if body.resources is None else body.resources.model_dump(exclude_unset=True),
+        network=None if body.network is None else body.network.model_dump(exclude_unset=True),
     )
     state.metrics.sandboxes_created.inc()
     state.metrics.pool.labels("miss").inc()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from sandlot._exceptions import InvalidArgumentError
-from sandlot.policy import MiB
+from sandlot.policy import MiB, NetworkPolicy
 
 
 def default_state_dir() -> Path:
@@ -67,6 +68,16 @@ class ServerSettings:
     backend: str = "auto"
     unsafe_best_effort_limits: bool = False
     """Start sandboxes even where whole-sandbox cgroup limits cannot be applied."""
+    egress: NetworkPolicy = field(default_factory=NetworkPolicy)
+    """The most a tenant's sandbox may be allowed to reach (``sandlot serve
+    --egress-allow``). A tenant's ``network.allow_out`` must lie within its
+    ``allow_out`` and its caps within these caps (else 400); its ``deny_out`` is added
+    to every sandbox's, and the server's proxy checks every connection against it too.
+    Default: empty, so tenants cannot enable network access at all."""
+    egress_hosts: Mapping[str, Sequence[str]] | None = None
+    """Resolve names for the egress proxy from this table only (``name -> addresses``;
+    other names do not resolve). None: the host's resolver. For air-gapped hosts,
+    pinned addresses, and tests that must never look up an outside name."""
 
     @property
     def resolved_database_url(self) -> str:

@@ -87,6 +87,25 @@ executions = sa.Table(
     sa.Column("usage", sa.Text, nullable=True),
 )
 
+network_events = sa.Table(
+    "network_events",
+    _metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("time", sa.Float, nullable=False, index=True),
+    sa.Column("tenant", sa.String(128), nullable=True, index=True),
+    sa.Column("sandbox_id", sa.String(64), nullable=False, index=True),
+    sa.Column("method", sa.String(32), nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("port", sa.Integer, nullable=False),
+    sa.Column("address", sa.String(64), nullable=True),
+    sa.Column("verdict", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("bytes_in", sa.BigInteger, nullable=False),
+    sa.Column("bytes_out", sa.BigInteger, nullable=False),
+)
+"""One row per connection a sandbox asked the egress proxy for (allowed, refused or
+failed), written when it ends. ``tenant`` is the sandbox's owner at that time."""
+
 OUTCOMES = ("running", "ok", "error", "timeout", "oom", "killed")
 """``running`` until the cell ends; ``killed`` covers interrupts, disconnects, a lost
 sandbox and a server that died mid-cell."""
@@ -324,6 +343,54 @@ class Store:
                 if row[name] is not None:
                     row[name] = json.loads(row[name])
             yield row
+
+    # --- network audit ------------------------------------------------------------------
+    def network_event(self, event: Mapping[str, Any]) -> None:
+        """Record one finished egress connection (``NetworkEvent.to_dict()``); the
+        tenant is taken from the sandbox's row."""
+        sandbox_id = str(event["sandbox"])
+        with self.engine.begin() as conn:
+            tenant = conn.execute(
+                sa.select(sandboxes.c.tenant).where(sandboxes.c.sandbox_id == sandbox_id)
+            ).scalar()
+            conn.execute(
+                network_events.insert().values(
+                    time=float(event["time"]),
+                    tenant=tenant,
+                    sandbox_id=sandbox_id,
+                    method=str(event["method"])[:32],
+                    host=str(event["host"])[:255],
+                    port=int(event["port"]),
+                    address=event["address"],
+                    verdict=str(event["verdict"]),
+                    reason=str(event["reason"]),
+                    bytes_in=int(event["bytes_in"]),
+                    bytes_out=int(event["bytes_out"]),
+                )
+            )
+
+    def query_network(
+        self,
+        *,
+        tenant: str | None = None,
+        sandbox_id: str | None = None,
+        verdict: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """The most recent ``limit`` connection records, oldest first."""
+        query = sa.select(network_events).order_by(network_events.c.id.desc()).limit(limit)
+        if tenant is not None:
+            query = query.where(network_events.c.tenant == tenant)
+        if sandbox_id is not None:
+            query = query.where(network_events.c.sandbox_id == sandbox_id)
+        if verdict is not None:
+            query = query.where(network_events.c.verdict == verdict)
+        if since is not None:
+            query = query.where(network_events.c.time >= since)
+        with self.engine.connect() as conn:
+            rows = [dict(row._mapping) for row in conn.execute(query)]
+        return rows[::-1]
 
 
 def _quota_values(quotas: TenantQuotas) -> dict[str, int]:
