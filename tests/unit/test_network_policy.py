@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from typing import Any
 
@@ -226,14 +227,15 @@ def test_deny_out_addresses_apply_to_resolved_addresses() -> None:
     assert not verdict.allowed and "deny_out" in verdict.reason
 
 
-def test_container_backends_refuse_a_network_policy_before_starting_anything() -> None:
-    """Egress is wired for bwrap only: a container backend must not run the code with no
-    network (or more) than its policy says; it refuses, before touching the engine."""
+def test_container_runtimes_that_cannot_reach_the_socket_refuse_a_network_policy() -> None:
+    """gVisor (without --host-uds) and VM runtimes cannot connect to a host unix socket:
+    rather than run the code without the network its policy promises, the backend refuses
+    before touching the engine or the proxy."""
     from sandlot import IsolationUnavailable
     from sandlot.backends.docker import DockerBackend, PodmanBackend
 
     spec = SandboxSpec(network=NetworkPolicy(allow_out=("pypi.org",)))
-    for backend in (DockerBackend(), PodmanBackend()):
+    for backend in (DockerBackend(runtime="runsc"), PodmanBackend(runtime="kata-runtime")):
         with pytest.raises(IsolationUnavailable, match="network policy"):
             backend.start(spec)
 
@@ -295,3 +297,43 @@ def test_check_within_caps() -> None:
     assert unlimited == ["network.max_bytes_in: None is more than the allowed 1000"]
     no_caps = NetworkPolicy(allow_out=["*"], max_bytes_in=None, max_bytes_out=None)
     assert check_within(NetworkPolicy(allow_out=["a.test"], max_bytes_in=None), no_caps) == []
+
+
+def test_container_body_mounts_the_egress_socket_and_keeps_network_none() -> None:
+    from sandlot.backends._runner_config import EGRESS_PORT, EGRESS_SOCKET_GUEST, egress_env
+    from sandlot.backends.docker._compile import (
+        ContainerLayout,
+        build_create_body,
+        runner_config,
+    )
+
+    layout = ContainerLayout(
+        image="sandlot/python-data:x",
+        protocol_dir="/host/protocol",
+        runner_dir="/host/runner",
+        seccomp="{}",
+        sandbox_id="abc",
+        owner="host:1",
+    )
+    spec = SandboxSpec(network=NetworkPolicy(allow_out=("pypi.org",)), envs={"NO_PROXY": "x"})
+    with pytest.raises(ValueError, match="egress socket"):
+        build_create_body(spec, layout)
+    with_socket = dataclasses.replace(layout, egress_socket="/tmp/sandlot-egress-1/ab.sock")
+    body = build_create_body(spec, with_socket)
+    plain = build_create_body(SandboxSpec(), with_socket)
+    host, plain_host = body["HostConfig"], plain["HostConfig"]
+    assert host["NetworkMode"] == plain_host["NetworkMode"] == "none"
+    assert body["NetworkDisabled"] is True
+    added = [m for m in host["Mounts"] if m not in plain_host["Mounts"]]
+    assert added == [
+        {
+            "Type": "bind",
+            "Source": "/tmp/sandlot-egress-1/ab.sock",
+            "Target": EGRESS_SOCKET_GUEST,
+            "ReadOnly": True,
+        }
+    ]
+    config = runner_config(spec)
+    assert config["egress"] == {"socket": EGRESS_SOCKET_GUEST, "port": EGRESS_PORT}
+    assert config["envs"] == {**egress_env(spec), "NO_PROXY": "x"}  # the caller's win
+    assert "egress" not in runner_config(SandboxSpec())

@@ -2,7 +2,9 @@
 
 The limits the runner applies to itself and enforces per cell do not depend on how
 the sandbox was built; each backend adds only what is its own (the channel's file
-descriptor, the egress proxy's address).
+descriptor). A sandbox with a network policy also gets the egress forwarder's settings
+and the proxy variables (:func:`egress_env`); the backend mounts the lease's socket at
+:data:`EGRESS_SOCKET_GUEST`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,11 @@ from sandlot.policy import MiB, SandboxSpec
 
 HOME = "/home/user"
 LIB_GUEST = "/opt/sandlot/lib"
+EGRESS_SOCKET_GUEST = "/opt/sandlot/egress.sock"
+"""Where a sandbox with a network policy finds its own socket to the host's proxy."""
+EGRESS_PORT = 3128
+"""The sandbox-side proxy port (the supervisor's forwarder, on the sandbox's own
+loopback)."""
 
 
 def runner_config(
@@ -23,7 +30,7 @@ def runner_config(
     everything it starts (kept off every command line).
     """
     r = spec.resources
-    return {
+    config: dict[str, object] = {
         "workdir": HOME,
         "lib": LIB_GUEST,
         "memory_mb": r.memory_mb,
@@ -47,3 +54,21 @@ def runner_config(
         "envs": envs,
         "preload": list(spec.preload),
     }
+    if spec.network.enabled:
+        config["egress"] = {"socket": EGRESS_SOCKET_GUEST, "port": EGRESS_PORT}
+    return config
+
+
+def egress_env(spec: SandboxSpec) -> dict[str, str]:
+    """Proxy settings for everything in a sandbox with a network policy (else none):
+    the usual variables, which urllib, requests, httpx, curl and pip read, plus pip's
+    own. Connections to the sandbox's own loopback stay direct."""
+    if not spec.network.enabled:
+        return {}
+    url = f"http://127.0.0.1:{EGRESS_PORT}"
+    env: dict[str, str] = {}
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        env[name] = env[name.upper()] = url
+    env["no_proxy"] = env["NO_PROXY"] = "localhost,127.0.0.1,::1"
+    env["PIP_PROXY"] = url
+    return env

@@ -61,7 +61,8 @@ def _resources_model() -> type[BaseModel]:
     for item in dataclasses.fields(Resources):
         kind: Any = float if float in typing.get_args(hints[item.name]) else int
         bound = _RESOURCE_BOUNDS.get(item.name, float(_TiB_IN_MiB * MiB))
-        fields[item.name] = (kind | None, Field(None, gt=0, le=bound))
+        # strict: JSON true is not a size (lax mode would read it as 1).
+        fields[item.name] = (kind | None, Field(None, gt=0, le=bound, strict=True))
     return create_model(
         "ResourcesIn",
         __config__=ConfigDict(extra="forbid"),
@@ -74,7 +75,7 @@ ResourcesIn = _resources_model()
 
 
 _Entry = Annotated[str, Field(min_length=1, max_length=300)]
-_Cap = Annotated[int, Field(gt=0, le=2**62)]
+_Cap = Annotated[int, Field(gt=0, le=2**62, strict=True)]
 
 
 class NetworkIn(Strict):

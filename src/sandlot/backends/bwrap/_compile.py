@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sandlot.backends._runner_config import EGRESS_PORT as EGRESS_PORT  # re-exported
+from sandlot.backends._runner_config import EGRESS_SOCKET_GUEST, egress_env
 from sandlot.backends._runner_config import runner_config as shared_runner_config
 from sandlot.policy import MiB, SandboxSpec
 from sandlot.runner import BOOTSTRAP
@@ -39,11 +41,6 @@ TEMPLATE_GUEST = "/opt/sandlot/template"
 LIB_GUEST = "/opt/sandlot/lib"
 GUEST_PYTHON = f"{TEMPLATE_GUEST}/env/bin/python"
 GUEST_PATH = f"{TEMPLATE_GUEST}/env/bin:/usr/local/bin:/usr/bin:/bin"
-EGRESS_SOCKET_GUEST = "/opt/sandlot/egress.sock"
-"""Where a sandbox with a network policy finds its own socket to the host's proxy."""
-EGRESS_PORT = 3128
-"""The sandbox-side HTTP proxy port (the supervisor's forwarder, on the sandbox's own
-loopback)."""
 
 
 # Host /etc entries programs in the sandbox legitimately need. Nothing with secrets:
@@ -103,27 +100,7 @@ def runner_config(
     caller's explicit best-effort mode)."""
     # The caller's envs win over the proxy settings (their choice to break them).
     envs = {**egress_env(spec), **spec.envs}
-    config = shared_runner_config(
-        spec, channel_fd=channel_fd, cgroup_limits=cgroup_limits, envs=envs
-    )
-    if spec.network.enabled:
-        config["egress"] = {"socket": EGRESS_SOCKET_GUEST, "port": EGRESS_PORT}
-    return config
-
-
-def egress_env(spec: SandboxSpec) -> dict[str, str]:
-    """Proxy settings for everything in a sandbox with a network policy (else none):
-    the usual variables, which urllib, requests, httpx, curl and pip read, plus pip's
-    own. Connections to the sandbox's own loopback stay direct."""
-    if not spec.network.enabled:
-        return {}
-    url = f"http://127.0.0.1:{EGRESS_PORT}"
-    env: dict[str, str] = {}
-    for name in ("http_proxy", "https_proxy", "all_proxy"):
-        env[name] = env[name.upper()] = url
-    env["no_proxy"] = env["NO_PROXY"] = "localhost,127.0.0.1,::1"
-    env["PIP_PROXY"] = url
-    return env
+    return shared_runner_config(spec, channel_fd=channel_fd, cgroup_limits=cgroup_limits, envs=envs)
 
 
 def guest_env(spec: SandboxSpec) -> dict[str, str]:

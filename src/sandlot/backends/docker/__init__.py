@@ -39,13 +39,15 @@ from sandlot._exceptions import (
     SandboxStartError,
     TemplateError,
 )
-from sandlot._models import ResourceUsage
+from sandlot._models import NetworkEvent, ResourceUsage
 from sandlot.backends._base import Backend, Probe, SandboxHandle
 from sandlot.backends._channel import ChannelHandle
 from sandlot.backends.docker._compile import (
     LABEL,
     LABEL_OWNER,
     RUNNER_MEMORY_HEADROOM_MB,
+    SANDBOX_GID,
+    SANDBOX_UID,
     ContainerLayout,
     build_create_body,
     runner_config,
@@ -61,6 +63,7 @@ from sandlot.backends.docker._engine import (
 )
 from sandlot.backends.docker._image import build_image, image_current, image_name
 from sandlot.backends.docker._seccomp import profile_json
+from sandlot.egress import EgressLease, EgressProxy, default_proxy
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
 from sandlot.templates import cache_dir
@@ -173,10 +176,14 @@ class _ContainerBackend(Backend):
         runtime: str | None = None,
         cpus: float | None = 1.0,
         base_image: str | None = None,
+        egress: EgressProxy | None = None,
     ) -> None:
         """``runtime``: an OCI runtime registered with the engine (``runsc`` for gVisor,
         ``kata-runtime``), default the engine's. ``cpus``: CPUs the sandbox may use at
-        once. ``base_image``: used only when the template's image must be built."""
+        once. ``base_image``: used only when the template's image must be built.
+        ``egress``: the proxy for sandboxes with a network policy (default: the
+        process-wide :func:`sandlot.egress.default_proxy`)."""
+        self.egress = egress
         self.runtime = runtime if runtime is not None else os.environ.get(self._runtime_env())
         self.cpus = cpus
         self.base_image = base_image
@@ -222,13 +229,38 @@ class _ContainerBackend(Backend):
 
     # --- start ------------------------------------------------------------------------
     def start(self, spec: SandboxSpec, *, pooled: bool = False) -> SandboxHandle:
-        if spec.network.enabled:
-            # Fail closed rather than run the code without the network it was promised
-            # or with more than its policy allows: egress is wired for bwrap only.
+        if not spec.network.enabled:
+            return self._start(spec, pooled, None)
+        lease = self._egress_lease(spec)
+        try:
+            return self._start(spec, pooled, lease)
+        except BaseException:
+            lease.close()
+            raise
+
+    def _egress_lease(self, spec: SandboxSpec) -> EgressLease:
+        """The sandbox's own socket on the egress proxy, for the container to mount.
+
+        The container keeps ``NetworkMode: none``; the socket is its only way out. Fail
+        closed where the socket cannot work: runtimes that do not pass a host unix
+        socket through (gVisor without ``--host-uds``, VMs), or a host user that cannot
+        give the socket to the container's uid."""
+        if self.runtime not in (None, "runc", "crun"):
             raise IsolationUnavailable(
-                f"the {self.name} backend cannot apply a network policy yet (its containers "
-                "have no network at all); use backend='bwrap' for allow_out"
+                f"the {self.name} backend applies a network policy only with the engine's "
+                f"default runtime (runc/crun), not {self.runtime!r}, whose sandboxes cannot "
+                "reach the host's egress socket; use backend='bwrap' or runc for allow_out"
             )
+        if os.geteuid() not in (0, SANDBOX_UID):
+            raise IsolationUnavailable(
+                f"a network policy with the {self.name} backend needs sandlot to run as root "
+                f"(to give the egress socket to the container's uid {SANDBOX_UID})"
+            )
+        proxy = self.egress or default_proxy()
+        owner = (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else None
+        return proxy.open(spec.sandbox_id or "sandbox", spec.network, owner)
+
+    def _start(self, spec: SandboxSpec, pooled: bool, lease: EgressLease | None) -> SandboxHandle:
         probe = self.probe_instance()
         if not probe.available:
             raise BackendUnavailable(
@@ -252,6 +284,7 @@ class _ContainerBackend(Backend):
             engine=self.kind.name,
             pooled=pooled,
             labels={"org.sandlot.template": spec.template},
+            egress_socket=None if lease is None else lease.socket_path,
         )
         body = build_create_body(spec, layout)
         cid = engine.create(body, name=f"sandlot-{sandbox_id}")
@@ -284,6 +317,7 @@ class _ContainerBackend(Backend):
             exit_reason=lambda code: process.describe_exit(
                 code, None if memory is None else memory + RUNNER_MEMORY_HEADROOM_MB
             ),
+            egress=lease,
         )
         try:
             handle.wait_ready(START_TIMEOUT)
@@ -300,12 +334,25 @@ class _ContainerBackend(Backend):
 class ContainerHandle(ChannelHandle):
     """A container sandbox: the channel, plus the container's cgroup counters."""
 
-    def __init__(self, sock: socket.socket, process: ContainerProcess, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        process: ContainerProcess,
+        *,
+        egress: EgressLease | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.container = process
+        self._egress = egress
+        if egress is not None:
+            kwargs["on_exit"] = egress.close  # the socket goes with the container
         super().__init__(sock, process, **kwargs)
 
     def usage(self) -> ResourceUsage | None:
         return self.container.usage()
+
+    def network_events(self, settle: float = 0.0) -> list[NetworkEvent] | None:
+        return None if self._egress is None else self._egress.events(settle)
 
 
 class DockerBackend(_ContainerBackend):

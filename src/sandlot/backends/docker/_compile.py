@@ -9,7 +9,9 @@ every isolation decision below is visible in one place and checked by
 
 What the container gets (see SECURITY.md and docs/docker.md for what it does *not*):
 
-* no network at all (``NetworkMode: none``: not even the engine's bridge);
+* no network at all (``NetworkMode: none``: not even the engine's bridge); with a
+  network policy still none, and the sandbox's own socket to the host's egress proxy
+  bind-mounted read-only (the runner's forwarder serves ``127.0.0.1:3128`` from it);
 * a read-only root (the template image); writable, size-capped tmpfs at
   ``/home/user`` (the working directory) and ``/tmp``; ``/dev/shm`` capped too;
 * uid/gid 1000, every capability dropped, ``no-new-privileges``;
@@ -36,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandlot.backends._runner_config import EGRESS_SOCKET_GUEST, egress_env
 from sandlot.backends._runner_config import runner_config as shared_runner_config
 from sandlot.policy import MiB, SandboxSpec
 from sandlot.runner import BOOTSTRAP
@@ -95,13 +98,18 @@ class ContainerLayout:
     pooled: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels (e.g. the template name)."""
+    egress_socket: str | None = None
+    """Host path of this sandbox's own socket to the egress proxy; required when the
+    spec has a network policy, mounted read-only at ``EGRESS_SOCKET_GUEST``."""
 
 
 def runner_config(spec: SandboxSpec) -> dict[str, object]:
     """The runner's ``configure`` message body: the same limits as under bubblewrap,
     except RLIMIT_NPROC, which the cgroup's ``pids.max`` replaces (see
     :data:`DEFAULT_NPROC_HARD`)."""
-    return shared_runner_config(spec, channel_fd=0, cgroup_limits=True, envs=dict(spec.envs))
+    # The caller's envs win over the proxy settings (their choice to break them).
+    envs = {**egress_env(spec), **spec.envs}
+    return shared_runner_config(spec, channel_fd=0, cgroup_limits=True, envs=envs)
 
 
 def guest_env() -> list[str]:
@@ -177,6 +185,10 @@ def build_create_body(spec: SandboxSpec, layout: ContainerLayout) -> dict[str, A
         host["NanoCpus"] = int(layout.cpus * 1e9)
     if layout.runtime is not None:
         host["Runtime"] = layout.runtime
+    if spec.network.enabled:
+        if layout.egress_socket is None:
+            raise ValueError("a sandbox with a network policy needs its egress socket")
+        host["Mounts"].append(_ro_bind(layout.egress_socket, EGRESS_SOCKET_GUEST))
     return {
         "Image": layout.image,
         "Entrypoint": runner_command(),
