@@ -58,6 +58,7 @@ from sandlot.backends.bwrap import (
     host_layout,
 )
 from sandlot.backends.bwrap._compile import HOME, build_zygote_argv, runner_config
+from sandlot.egress import EgressProxy
 from sandlot.policy import DATA_STACK, MiB, Resources, SandboxSpec
 from sandlot.protocol import PROTOCOL_VERSION, encode
 from sandlot.templates import ensure_template
@@ -300,11 +301,14 @@ class ZygoteBackend(Backend):
 
     name = "zygote"
 
-    def __init__(self, *, preload: tuple[str, ...] = DATA_STACK) -> None:
+    def __init__(
+        self, *, preload: tuple[str, ...] = DATA_STACK, egress: EgressProxy | None = None
+    ) -> None:
         """``preload``: what the zygote imports for every sandbox (when the spec names
-        none of its own)."""
+        none of its own). ``egress``: the proxy of sandboxes with a network policy (they
+        start cold; default: the process-wide one)."""
         self.preload = tuple(preload)
-        self._cold = BwrapBackend()
+        self._cold = BwrapBackend(egress=egress)
 
     @classmethod
     def probe(cls) -> Probe:
