@@ -21,8 +21,8 @@ What one ``spawn`` does, in the new sandbox's first process (its pid 1):
 1. fresh mount, pid, network, ipc and uts namespaces (the parent forks once more so
    that the sandbox's first process is pid 1 of the new pid namespace);
 2. a private tmpfs at every writable place (``/home/user``, ``/tmp``, ``/dev/shm``),
-   a new ``/proc`` for the new pid namespace (with bubblewrap's read-only covers), the
-   hostname, loopback up;
+   its own ``/dev/pts`` instance, a new ``/proc`` for the new pid namespace (with
+   bubblewrap's read-only covers), the hostname, loopback up;
 3. says who it is on the channel with SCM_CREDENTIALS, so the host learns its pid as
    the host sees it (the kernel translates it; the sandbox cannot lie about it) and
    moves it into the sandbox's own cgroup before it answers with ``configure``;
@@ -291,6 +291,12 @@ def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: by
         if size is not None:
             options += ",size=%d" % size
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    # A pseudo-terminal instance of its own, as bubblewrap's --dev gives a cold sandbox:
+    # the zygote's /dev/pts is shared by every sandbox it forks (same uid), so one could
+    # open another's terminals, read what is typed into them and write to their screens.
+    _mount(
+        "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620"
+    )
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for name in PROC_COVERS:
         path = "/proc/" + name

@@ -1,0 +1,101 @@
+"""Attacks on what a zygote-made sandbox shares that a cold bubblewrap sandbox does not.
+
+Every sandbox the zygote forks inherits the zygote's process (memory, descriptors,
+working directory, session), its user namespace and whatever of its mount namespace
+the fork does not replace. Each test here attacks one such inheritance from inside a
+sandbox (or, where only the host can see it, from the host) and has a positive control
+showing the attack works where it should, so a pass cannot come from a broken probe.
+``tests/integration/test_zygote.py`` covers the rest (processes, files, IPC, network).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from sandlot import Sandbox
+
+pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
+
+TIMEOUT = 600
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., Sandbox]]:
+    started: list[Sandbox] = []
+
+    def start(backend: str = "zygote", **kwargs: Any) -> Sandbox:
+        sbx = Sandbox(backend=backend, timeout=TIMEOUT, **kwargs)
+        started.append(sbx)
+        return sbx
+
+    try:
+        yield start
+    finally:
+        for sbx in started:
+            sbx.kill()
+
+
+def _json(sbx: Sandbox, code: str) -> Any:
+    execution = sbx.run_code(textwrap.dedent(code), timeout=60)
+    assert execution.error is None, execution.error
+    return json.loads("".join(execution.logs.stdout))
+
+
+def test_a_sibling_cannot_open_another_sandboxs_terminal(make: Callable[..., Sandbox]) -> None:
+    """bubblewrap gives each sandbox its own devpts instance; a zygote-made sandbox
+    inherited the zygote's, so every sibling saw (and, same uid, could open) every
+    other's pseudo-terminals: read what was typed into them, write to their screens."""
+    victim, attacker = make(), make()
+    planted = _json(
+        victim,
+        """
+        import json, os
+        MASTER, SLAVE = os.openpty()
+        os.write(MASTER, b"typed-secret\\n")  # input waiting for the program on the slave
+        print(json.dumps({"tty": os.ttyname(SLAVE)}))
+        """,
+    )
+    seen = _json(
+        attacker,
+        f"""
+        import json, os
+        out = {{"listing": sorted(os.listdir("/dev/pts")), "opened": {{}}}}
+        for name in {{*out["listing"], {planted["tty"].rsplit("/", 1)[1]!r}}} - {{"ptmx"}}:
+            try:
+                fd = os.open("/dev/pts/" + name, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+            except OSError as exc:
+                out["opened"][name] = exc.errno
+                continue
+            try:
+                out["opened"][name] = os.read(fd, 100).decode()
+            except OSError as exc:
+                out["opened"][name] = "opened, read: %d" % exc.errno
+            os.write(fd, b"injected\\n")
+        # The attacker's own terminals work: a pty of its own is usable by path.
+        m, s = os.openpty()
+        os.write(m, b"own\\n")
+        own = os.open(os.ttyname(s), os.O_RDWR | os.O_NOCTTY)
+        out["own"] = os.read(own, 100).decode()
+        print(json.dumps(out))
+        """,
+    )
+    assert seen["own"] == "own\n"
+    assert seen["listing"] == ["ptmx"], seen
+    assert not any(isinstance(v, str) for v in seen["opened"].values()), seen
+    # Positive control: the victim reopens its own terminal by the same path and finds
+    # its input untouched, and nothing but the echo of that input on its screen.
+    control = _json(
+        victim,
+        """
+        import json, os, select
+        fd = os.open(os.ttyname(SLAVE), os.O_RDWR | os.O_NOCTTY)
+        screen = os.read(MASTER, 100).decode() if select.select([MASTER], [], [], 0.5)[0] else ""
+        print(json.dumps({"input": os.read(fd, 100).decode(), "screen": screen}))
+        """,
+    )
+    assert control == {"input": "typed-secret\n", "screen": "typed-secret\r\n"}, control
