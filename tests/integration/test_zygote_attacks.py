@@ -10,6 +10,7 @@ showing the attack works where it should, so a pass cannot come from a broken pr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from collections.abc import Callable, Iterator
@@ -17,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from sandlot import Sandbox
+from sandlot import Resources, Sandbox
+from sandlot.backends import ZygoteBackend
+from sandlot.backends.bwrap import _zygote
 
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
 
@@ -99,3 +102,42 @@ def test_a_sibling_cannot_open_another_sandboxs_terminal(make: Callable[..., San
         """,
     )
     assert control == {"input": "typed-secret\n", "screen": "typed-secret\r\n"}, control
+
+
+def test_a_full_zygote_cgroup_does_not_take_its_sandboxes_down(
+    make: Callable[..., Sandbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every live zygote-made sandbox keeps a few MiB charged to the zygote's cgroup
+    (pages its first process and the zygote copied before it moved to its own cgroup).
+    At the zygote's memory limit the kernel's OOM killer picked the zygote, and every
+    sandbox it had made died with it: one sandbox too many (anyone's) took down all the
+    others. Here the zygote gets a small limit, so that happens within a few sandboxes;
+    past it, sandboxes must start cold and the zygote's must live on."""
+    preload = ("json",)  # a zygote of its own for this test, light and quick to fork
+    monkeypatch.setattr(
+        _zygote, "ZYGOTE_RESOURCES", dataclasses.replace(_zygote.ZYGOTE_RESOURCES, memory_mb=64)
+    )
+    backend = ZygoteBackend(preload=preload)
+    count = 32
+    try:
+        boxes = [make(backend, resources=Resources(memory_mb=512)) for _ in range(count)]
+        for n, box in enumerate(boxes):
+            box.run_code(f"N = {n}")
+        # Each still holds its own state: none was lost (and silently restarted).
+        seen = [
+            _json(
+                box,
+                """
+                import json
+                mounts = [line.split()[4] for line in open("/proc/self/mountinfo")]
+                print(json.dumps({"N": N, "forked": mounts.count("/tmp") > 1}))
+                """,
+            )
+            for box in boxes
+        ]
+        assert [s["N"] for s in seen] == list(range(count))
+        # Positive control: the zygote made several, and its limit was reached.
+        forked = sum(s["forked"] for s in seen)
+        assert 4 <= forked < count, seen
+    finally:
+        _zygote.zygote_for("python-data", preload).close()

@@ -421,6 +421,22 @@ def read_usage(version: Version, paths: Mapping[str, Path]) -> ResourceUsage:
     )
 
 
+def memory_use(version: Version, paths: Mapping[str, Path]) -> tuple[int, int] | None:
+    """A cgroup's memory charged now and its limit, in bytes; None when it has no
+    limit or the files cannot be read."""
+    ctrl, used_file, limit_file = (
+        ("", "memory.current", "memory.max")
+        if version == 2
+        else ("memory", "memory.usage_in_bytes", "memory.limit_in_bytes")
+    )
+    try:
+        used = _int((paths[ctrl] / used_file).read_text())
+        limit = _int((paths[ctrl] / limit_file).read_text())
+    except (OSError, KeyError):
+        return None
+    return None if used is None or limit is None else (used, limit)
+
+
 def _keyed(text: str | None) -> dict[str, int]:
     values: dict[str, int] = {}
     for line in (text or "").splitlines():

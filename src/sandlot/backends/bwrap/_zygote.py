@@ -70,7 +70,17 @@ ZYGOTE_START_TIMEOUT = 120.0
 ZYGOTE_RESOURCES = Resources(memory_mb=1024, pids=64, cpus=None, disk_mb=32, tmp_mb=1)
 """The zygote's own cgroup and scratch space: it imports modules and forks, nothing
 else; each sandbox leaves this cgroup for its own before it is configured."""
+ZYGOTE_MIN_ROOM = 16 * MiB
+"""Memory the zygote's cgroup must have left (at least this, or a sixteenth of its
+limit) before it forks another sandbox. Every live sandbox keeps a few MiB charged
+there (pages its first process and the zygote copied before it moved to its own
+cgroup), and at the limit the kernel's OOM killer would pick the zygote, killing every
+sandbox it made; short of room, sandboxes start cold instead."""
 _UCRED = struct.Struct("iII")
+
+
+class _ZygoteFull(Exception):
+    """The zygote's cgroup has no room for another sandbox's first process."""
 
 
 class _ForkedSandbox:
@@ -210,7 +220,12 @@ class Zygote:
             if not self.alive:
                 self._stop()
                 self._start()
-            assert self._control is not None
+            assert self._control is not None and self._cgroup is not None
+            memory = _cgroups.memory_use(self._cgroup.host.version, self._cgroup.paths)
+            if memory is not None:
+                used, limit = memory
+                if limit - used < max(ZYGOTE_MIN_ROOM, limit // 16):
+                    raise _ZygoteFull
             self._ids += 1
             request = {"type": "spawn", "id": self._ids, "mounts": mounts, "hostname": "sandlot"}
             fds = array.array("i", [fd])
@@ -326,4 +341,7 @@ class ZygoteBackend(Backend):
         if spec.network.enabled or spec.unsafe_best_effort_limits:
             return self._cold.start(spec)
         zygote = zygote_for(spec.template, tuple(spec.preload) or self.preload)
-        return zygote.spawn(spec)
+        try:
+            return zygote.spawn(spec)
+        except _ZygoteFull:
+            return self._cold.start(spec)
