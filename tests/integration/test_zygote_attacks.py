@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import textwrap
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sandlot import Resources, Sandbox
+from sandlot import Resources, Sandbox, SandboxStartError
 from sandlot.backends import ZygoteBackend
 from sandlot.backends.bwrap import _zygote
 
@@ -139,5 +142,33 @@ def test_a_full_zygote_cgroup_does_not_take_its_sandboxes_down(
         # Positive control: the zygote made several, and its limit was reached.
         forked = sum(s["forked"] for s in seen)
         assert 4 <= forked < count, seen
+    finally:
+        _zygote.zygote_for("python-data", preload).close()
+
+
+def test_one_slow_fork_does_not_leave_the_zygote_unusable(
+    make: Callable[..., Sandbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork reply that came after the host gave up on it (a zygote starved of CPU or
+    memory for longer than the start timeout) was read as the answer to the next
+    request: every later spawn then failed on a mismatched id, for the life of the
+    process. Here the zygote is stopped (SIGSTOP from the host) past a short timeout."""
+    preload = ("json", "base64")  # a zygote of its own, with the timeout below
+    monkeypatch.setattr(_zygote, "START_TIMEOUT", 5.0)
+    backend = ZygoteBackend(preload=preload)
+    try:
+        make(backend).run_code("1")  # the zygote is up
+        bwrap = _zygote.zygote_for("python-data", preload)._process
+        assert bwrap is not None
+        children = Path(f"/proc/{bwrap.pid}/task/{bwrap.pid}/children").read_text().split()
+        zygote_pid = int(children[0])
+        os.kill(zygote_pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(SandboxStartError):
+                make(backend)
+        finally:
+            os.kill(zygote_pid, signal.SIGCONT)
+        for n in range(3):
+            assert make(backend).run_code(f"{n} + 1").text == str(n + 1)
     finally:
         _zygote.zygote_for("python-data", preload).close()

@@ -235,6 +235,10 @@ class Zygote:
                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())],
                 )
                 reply = json.loads(self._control.recv(65536) or b"{}")
+                # Replies to requests given up on earlier (the zygote answered after the
+                # timeout) come first; their sandboxes found their channel closed and exited.
+                while isinstance(reply.get("id"), int) and reply["id"] < self._ids:
+                    reply = json.loads(self._control.recv(65536) or b"{}")
             except (OSError, ValueError) as exc:
                 raise SandboxStartError(f"the zygote failed ({exc}): {self._stderr()}") from exc
         if reply.get("type") != "spawned" or reply.get("id") != self._ids:
