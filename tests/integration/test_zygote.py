@@ -196,10 +196,11 @@ def test_siblings_do_not_share_random_state(make: Callable[..., Sandbox]) -> Non
 
 
 def test_limits_are_the_sandboxs_own(make: Callable[..., Sandbox]) -> None:
-    small = make(resources=Resources(memory_mb=256, pids=32))
-    oom = small.run_code("x = bytearray(600 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])")
+    small = make(resources=Resources(memory_mb=512, pids=32))
+    assert _forked(small)
+    oom = small.run_code("x = bytearray(900 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])")
     assert oom.error is not None and oom.error.name == "OutOfMemoryError", oom.error
-    assert oom.usage is not None and oom.usage.memory_limit_bytes == 256 * 1024 * 1024
+    assert oom.usage is not None and oom.usage.memory_limit_bytes == 512 * 1024 * 1024
     forks = _json(
         small,
         """
@@ -222,7 +223,21 @@ print(json.dumps({"forked": len(pids), "error": error}))
     )
     assert forks["error"] == 11 and forks["forked"] < 32  # EAGAIN from pids.max
     # A sibling with the default limits is unaffected.
-    assert make().run_code("x = bytearray(600 * 1024 * 1024); len(x)").text == "629145600"
+    assert make().run_code("x = bytearray(900 * 1024 * 1024); len(x)").text == "943718400"
+
+
+def _forked(sbx: Sandbox) -> bool:
+    """Whether ``sbx`` came from the zygote (not a cold start)."""
+    return type(sbx._core._handle._process).__name__ == "_ForkedSandbox"  # type: ignore[union-attr]
+
+
+def test_a_memory_limit_below_the_zygotes_size_starts_cold(make: Callable[..., Sandbox]) -> None:
+    # A fork starts with the zygote's address space (the data stack); under a smaller
+    # per-process limit it could not allocate anything, so such a sandbox starts cold.
+    small = make(resources=Resources(memory_mb=128))
+    assert not _forked(small)
+    assert small.run_code("sum(range(10))").text == "45"
+    assert _forked(make(resources=Resources(memory_mb=1024)))
 
 
 def _sandbox_processes(marker: str) -> list[int]:

@@ -11,7 +11,7 @@ Control channel (fd N, a SOCK_SEQPACKET socket to the host; one JSON object per
 packet)::
 
     host   -> zygote  {"type": "configure", "preload": [...]}
-    zygote -> host    {"type": "ready", "version": PROTOCOL_VERSION}
+    zygote -> host    {"type": "ready", "version": PROTOCOL_VERSION, "vm_bytes": ...}
     host   -> zygote  {"type": "spawn", "id": ..., "mounts": [[path, bytes|null, mode]],
                        "hostname": ...}  + SCM_RIGHTS: the new sandbox's channel
     zygote -> host    {"type": "spawned", "id": ...} | {"type": "failed", "id": ..., "message": ...}
@@ -159,7 +159,12 @@ def main(argv: List[str]) -> int:
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    control.send(json.dumps({"type": "ready", "version": PROTOCOL_VERSION}).encode())
+    # Its address space, which every fork starts with: a sandbox whose per-process
+    # memory limit (RLIMIT_AS) is not well above it could not allocate anything.
+    with open("/proc/self/statm") as handle:
+        vm_bytes = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    hello = {"type": "ready", "version": PROTOCOL_VERSION, "vm_bytes": vm_bytes}
+    control.send(json.dumps(hello).encode())
     while True:
         ready, _, _ = select.select([control.fileno(), wake_r], [], [], 5.0)
         _reap()
@@ -311,6 +316,8 @@ def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: by
     raw = hostname.encode()
     _check(_libc.sethostname(raw, len(raw)), "sethostname")
     _loopback_up()
+    # The working directory was the zygote's /home/user, now hidden under the new one.
+    os.chdir(os.environ.get("HOME", "/home/user"))
     sock = socket.socket(fileno=channel_fd)
     # Who we are, in credentials the kernel checks and translates into the host's pid
     # namespace; the host moves that pid into the sandbox's cgroup, then configures us.

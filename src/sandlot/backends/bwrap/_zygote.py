@@ -76,11 +76,15 @@ limit) before it forks another sandbox. Every live sandbox keeps a few MiB charg
 there (pages its first process and the zygote copied before it moved to its own
 cgroup), and at the limit the kernel's OOM killer would pick the zygote, killing every
 sandbox it made; short of room, sandboxes start cold instead."""
+KERNEL_HEADROOM = 128 * MiB
+"""Address space a forked kernel needs beyond the zygote's to run cells at all: a
+sandbox whose ``memory_mb`` (its per-process RLIMIT_AS) leaves less starts cold."""
 _UCRED = struct.Struct("iII")
 
 
 class _ZygoteFull(Exception):
-    """The zygote's cgroup has no room for another sandbox's first process."""
+    """The zygote's cgroup has no room for another sandbox's first process, or the
+    sandbox's memory limit leaves its forked processes no room: start it cold."""
 
 
 class _ForkedSandbox:
@@ -94,7 +98,8 @@ class _ForkedSandbox:
         self.pid = pid
         self._pidfd = os.pidfd_open(pid)
         self._exited = False
-        weakref.finalize(self, os.close, self._pidfd)
+        # Not at interpreter exit: daemon threads may still be waiting on it then.
+        weakref.finalize(self, os.close, self._pidfd).atexit = False
 
     def kill(self) -> None:
         if not self._exited:
@@ -122,6 +127,8 @@ class Zygote:
         self._cgroup: _cgroups.SandboxCgroup | None = None
         self._tail: _StderrTail | None = None
         self._ids = 0
+        self.vm_bytes = 0
+        """The zygote's address space size, which each forked process starts with."""
 
     @property
     def alive(self) -> bool:
@@ -173,6 +180,7 @@ class Zygote:
                 raise SandboxStartError(
                     f"the zygote did not become ready ({exc}): {tail()}"
                 ) from exc
+            self.vm_bytes = int(ready.get("vm_bytes") or 0)
             if ready.get("type") != "ready" or ready.get("version") != PROTOCOL_VERSION:
                 raise SandboxStartError(f"the zygote did not start: {ready!r} {tail()}")
             control.settimeout(START_TIMEOUT)
@@ -190,14 +198,25 @@ class Zygote:
                 host_sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
                 self._request_fork(spec, child_sock.fileno())
             pid = _sandbox_pid(host_sock)
-            process = _ForkedSandbox(pid)
-            failed.callback(process.wait, 10)
-            failed.callback(process.kill)
-            for fd in group.attach_fds:
-                os.write(fd, str(pid).encode())
-            group.close_fds()
-            config = runner_config(spec, 0)
-            host_sock.sendall(encode({"type": "configure", "id": "configure", "config": config}))
+            try:
+                process = _ForkedSandbox(pid)
+                failed.callback(process.wait, 10)
+                failed.callback(process.kill)
+                # The pidfd pins the process; it must still be the zygote's fresh child,
+                # in the zygote's cgroup (not a process that took a dead one's pid).
+                if pid not in self._cgroup_pids():
+                    raise ProcessLookupError(pid)
+                for fd in group.attach_fds:
+                    os.write(fd, str(pid).encode())
+                group.close_fds()
+                config = runner_config(spec, 0)
+                host_sock.sendall(
+                    encode({"type": "configure", "id": "configure", "config": config})
+                )
+            except OSError as exc:
+                raise SandboxStartError(
+                    f"the zygote's sandbox died while starting ({exc})"
+                ) from exc
             handle = BwrapHandle(
                 host_sock,
                 process,
@@ -221,6 +240,8 @@ class Zygote:
                 self._stop()
                 self._start()
             assert self._control is not None and self._cgroup is not None
+            if r.memory_mb is not None and r.memory_mb * MiB < self.vm_bytes + KERNEL_HEADROOM:
+                raise _ZygoteFull
             memory = _cgroups.memory_use(self._cgroup.host.version, self._cgroup.paths)
             if memory is not None:
                 used, limit = memory
@@ -243,6 +264,9 @@ class Zygote:
                 raise SandboxStartError(f"the zygote failed ({exc}): {self._stderr()}") from exc
         if reply.get("type") != "spawned" or reply.get("id") != self._ids:
             raise SandboxStartError(f"the zygote could not fork a sandbox: {reply.get('message')}")
+
+    def _cgroup_pids(self) -> set[int]:
+        return set() if self._cgroup is None else set(self._cgroup.pids())
 
     def _stderr(self) -> str:
         return self._tail() if self._tail is not None else ""
