@@ -320,3 +320,102 @@ def test_a_ceiling_bounds_every_lease_of_its_proxy(origin: Origin) -> None:
         ]
     finally:
         proxy.close()
+
+
+# --- SOCKS5 on the same socket ------------------------------------------------------
+
+
+def socks_connect(
+    lease: EgressLease,
+    host: str | bytes,
+    port: int,
+    *,
+    kind: int = 3,
+    methods: bytes = b"\x00",
+    command: int = 1,
+) -> tuple[bytes, socket.socket]:
+    """A SOCKS5 greeting and request on a new connection: (the replies, the socket)."""
+    client = socket.socket(socket.AF_UNIX)
+    client.settimeout(TIMEOUT)
+    client.connect(lease.socket_path)
+    client.sendall(b"\x05" + bytes([len(methods)]) + methods)
+    greeting = client.recv(2)
+    if greeting != b"\x05\x00":
+        return greeting, client
+    if kind == 3:
+        name = host.encode() if isinstance(host, str) else host
+        address = bytes([len(name)]) + name
+    else:
+        address = socket.inet_pton(socket.AF_INET if kind == 1 else socket.AF_INET6, str(host))
+    client.sendall(bytes([5, command, 0, kind]) + address + port.to_bytes(2, "big"))
+    reply = b""
+    while len(reply) < 10:
+        chunk = client.recv(10 - len(reply))
+        if not chunk:
+            break
+        reply += chunk
+    return greeting + reply, client
+
+
+def test_socks5_connect_to_an_allowed_name_is_resolved_on_the_host(
+    lease_for: object, origin: Origin
+) -> None:
+    lease = lease_for("allowed.test", origin.entry)  # type: ignore[operator]
+    replies, client = socks_connect(lease, "allowed.test", origin.port)
+    with client:
+        assert replies == b"\x05\x00" + bytes([5, 0, 0, 1, 0, 0, 0, 0, 0, 0])
+        client.sendall(b"GET /hello HTTP/1.0\r\nHost: allowed.test\r\n\r\n")
+        assert read_all(client).endswith(b"hello from origin")
+    (event,) = lease.events(settle=TIMEOUT)
+    assert (event.method, event.host, event.port) == ("SOCKS5", "allowed.test", origin.port)
+    assert (event.verdict, event.address) == ("allowed", "127.0.0.1")
+    assert event.bytes_in > len("hello from origin") and event.bytes_out > 0
+
+
+@pytest.mark.parametrize(
+    ("host", "kind", "code", "reason"),
+    [
+        ("other.test", 3, 2, "other.test:{port} is not in allow_out"),
+        ("internal.test", 3, 2, "10.0.0.7 is a private address"),
+        ("127.0.0.2", 1, 2, "is not in allow_out"),
+        ("::1", 4, 2, "is not in allow_out"),
+        ("nowhere.test", 3, 4, "cannot resolve nowhere.test"),
+        ("bad name!", 3, 2, "is not a valid host name"),
+    ],
+)
+def test_socks5_refusals_use_the_same_decisions(
+    lease_for: object, origin: Origin, host: str, kind: int, code: int, reason: str
+) -> None:
+    lease = lease_for(  # type: ignore[operator]
+        "allowed.test", "internal.test", "nowhere.test", origin.entry
+    )
+    replies, client = socks_connect(lease, host, origin.port, kind=kind)
+    with client:
+        assert replies[:2] == b"\x05\x00" and replies[2:4] == bytes([5, code])
+        assert read_all(client) == b""
+    (event,) = lease.events(settle=TIMEOUT)
+    assert event.method == "SOCKS5" and event.verdict in ("refused", "failed")
+    assert reason.format(port=origin.port) in event.reason
+
+
+def test_socks5_other_commands_and_authentication_are_refused(
+    lease_for: object, origin: Origin
+) -> None:
+    lease = lease_for("allowed.test", origin.entry)  # type: ignore[operator]
+    replies, client = socks_connect(lease, "allowed.test", origin.port, methods=b"\x02")
+    client.close()
+    assert replies == b"\x05\xff"  # only "no authentication" is offered
+    replies, client = socks_connect(lease, "allowed.test", origin.port, command=2)  # BIND
+    client.close()
+    assert replies[2:4] == b"\x05\x07"
+    replies, client = socks_connect(lease, "allowed.test", origin.port, command=3)  # UDP
+    client.close()
+    assert replies[2:4] == b"\x05\x07"
+    with socket.socket(socket.AF_UNIX) as raw:
+        raw.settimeout(TIMEOUT)
+        raw.connect(lease.socket_path)
+        raw.sendall(b"\x05\x01\x00\x05\x01\x00\x09")  # address type 9 does not exist
+        assert read_all(raw)[2:4] == b"\x05\x08"
+    events = lease.events(settle=TIMEOUT)
+    assert [e.verdict for e in events] == ["refused"] * 4
+    assert all(e.bytes_in == e.bytes_out == 0 for e in events)

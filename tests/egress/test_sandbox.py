@@ -388,3 +388,34 @@ def test_cli_allow_out(origin: Origin) -> None:
     assert allowed["body"] == "hello from origin"
     assert denied["status"] == 403 and "deny_out" in denied["reason"]
     assert sorted(event["verdict"] for event in outcome["network"]) == ["allowed", "refused"]
+
+
+def test_socks5h_from_inside_the_sandbox(shared: Sandbox, origin: Origin) -> None:
+    """A SOCKS5 client (remote DNS) on the forwarder's port: the same door, the same
+    decisions; the name travels to the host, which resolves it."""
+    outcome = run_json(
+        shared,
+        f"""
+import json, socket
+def socks5h(host, port, request):
+    with socket.create_connection(("127.0.0.1", 3128), timeout=60) as s:
+        s.sendall(b"\\x05\\x01\\x00")
+        assert s.recv(2) == b"\\x05\\x00"
+        name = host.encode()
+        s.sendall(b"\\x05\\x01\\x00\\x03" + bytes([len(name)]) + name + port.to_bytes(2, "big"))
+        reply = s.recv(10)
+        if reply[1] != 0:
+            return reply[1]
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        return data.decode("latin-1")
+request = b"GET /hello HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n"
+print(json.dumps([socks5h("allowed.test", {origin.port}, request),
+                  socks5h("other.test", {origin.port}, request)]))
+""",
+    )
+    allowed, refused = outcome
+    assert allowed.endswith("hello from origin")
+    assert refused == 2  # "connection not allowed by ruleset"

@@ -5,15 +5,21 @@ mounted into that sandbox and into no other. The proxy knows which sandbox (and 
 which policy) a connection belongs to only by the socket it arrived on; nothing the
 sandbox sends can change that.
 
-On each connection the proxy reads one HTTP request head:
+On each connection the proxy reads one request: an HTTP request head, or, when the
+first byte is 5, a SOCKS5 greeting (both arrive on the same socket and port):
 
 * ``CONNECT host:port``: decide, resolve on the host, check the address, connect,
   answer ``200`` and relay bytes both ways untouched (TLS stays end to end);
 * ``METHOD http://host[:port]/path``: the same decision, then the request goes to that
-  exact address in origin form with ``Connection: close`` and the response comes back.
+  exact address in origin form with ``Connection: close`` and the response comes back;
+* SOCKS5 ``CONNECT`` (RFC 1928, no authentication) to a name (``socks5h://``: the name
+  is resolved here, on the host), an IPv4 or an IPv6 address: the same decision, then a
+  relay like HTTP ``CONNECT``. Other SOCKS commands (BIND, UDP ASSOCIATE) are refused.
 
-Refusals are answered with ``403`` and the reason in the status line and body; failures
-to resolve or connect with ``502``. Every connection becomes one
+HTTP refusals are answered with ``403`` and the reason in the status line and body;
+failures to resolve or connect with ``502``. SOCKS5 has no room for a reason: refusals
+are reply ``0x02`` (not allowed by ruleset), failures ``0x04`` / ``0x05``, and the reason
+is in the record. Every connection becomes one
 :class:`sandlot.NetworkEvent` when it ends, kept on the lease until the SDK collects it
 and passed to ``on_event`` and the ``sandlot.egress`` logger (the audit trail).
 """
@@ -94,11 +100,20 @@ class StaticResolver:
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, verdict: NetworkVerdict, reason: str) -> None:
+    def __init__(
+        self, status: int, verdict: NetworkVerdict, reason: str, socks: int | None = None
+    ) -> None:
         super().__init__(reason)
         self.status = status
         self.verdict = verdict
         self.reason = reason
+        self.socks = socks if socks is not None else _SOCKS_REPLY.get(status, 0x01)
+        """The SOCKS5 reply code for the same refusal."""
+
+
+_SOCKS_REPLY = {403: 0x02, 400: 0x01}
+"""HTTP status -> SOCKS5 reply: 0x02 'connection not allowed by ruleset', 0x01 'general
+failure'. 502s say which (0x04 host unreachable, 0x05 connection refused)."""
 
 
 class _Cut(Exception):
@@ -143,6 +158,7 @@ class EgressLease:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _server: asyncio.Server | None = None
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _closed: bool = False
 
     def events(self, settle: float = 0.0) -> list[NetworkEvent]:
@@ -301,12 +317,22 @@ class EgressProxy:
             writer.close()
         if lease._server is not None:
             await lease._server.wait_closed()
+        # Let the handlers see their closed sockets and write their records, so that a
+        # closed lease has reported every connection; one stuck in a connect is cut.
+        if lease._tasks:
+            _, stuck = await asyncio.wait(list(lease._tasks), timeout=5.0)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
 
     async def _handle(
         self, lease: EgressLease, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         lease._begin()
         conn = _Connection(time=time.time())
+        task = asyncio.current_task()
+        if task is not None:
+            lease._tasks.add(task)
         lease._writers.add(writer)
         upstream: asyncio.StreamWriter | None = None
         cap = lease.policy.max_connections
@@ -321,10 +347,9 @@ class EgressProxy:
                     raise _Refused(
                         403, "refused", f"the sandbox already has {cap} connections open"
                     )
-                head = await asyncio.wait_for(
-                    reader.readuntil(b"\r\n\r\n"), timeout=self.head_timeout
+                method, host, port, forward = await asyncio.wait_for(
+                    self._read_request(reader, writer, conn), timeout=self.head_timeout
                 )
-                method, host, port, forward = _parse_head(head)
                 conn.method, conn.host, conn.port = method, host, port
                 for direction in ("in", "out"):
                     if lease.room(direction) == 0:
@@ -334,7 +359,10 @@ class EgressProxy:
                 up_reader, upstream = await self._connect(lease, conn)
             except _Refused as refusal:
                 conn.verdict, conn.reason = refusal.verdict, refusal.reason
-                writer.write(_refusal(refusal.status, refusal.reason))
+                if conn.method == SOCKS:
+                    writer.write(_socks_reply(refusal.socks))
+                elif conn.method != SOCKS_GREETING:
+                    writer.write(_refusal(refusal.status, refusal.reason))
                 await writer.drain()
                 await _linger(reader, writer)
                 return
@@ -343,7 +371,9 @@ class EgressProxy:
                 return
             conn.verdict = "allowed"
             lease._writers.add(upstream)
-            if forward is None:
+            if method == SOCKS:
+                writer.write(_socks_reply(0x00))
+            elif forward is None:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
                 upstream.write(forward)
@@ -361,6 +391,17 @@ class EgressProxy:
                     with contextlib.suppress(Exception):
                         await w.wait_closed()
             self._record(lease, conn)
+            lease._tasks.discard(task)
+
+    async def _read_request(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Connection
+    ) -> tuple[str, str, int, bytes | None]:
+        """(method, host, port, head to send upstream or None for a tunnel)."""
+        first = await reader.readexactly(1)
+        if first == b"\x05":
+            host, port = await _socks_request(reader, writer, conn)
+            return SOCKS, host, port, None
+        return _parse_head(first + await reader.readuntil(b"\r\n\r\n"))
 
     async def _connect(
         self, lease: EgressLease, conn: _Connection
@@ -379,9 +420,9 @@ class EgressProxy:
                     self.resolver.resolve(target), timeout=self.connect_timeout
                 )
             except (OSError, TimeoutError) as exc:
-                raise _Refused(502, "failed", f"cannot resolve {target}: {exc}") from None
+                raise _Refused(502, "failed", f"cannot resolve {target}: {exc}", 0x04) from None
             if not addresses:
-                raise _Refused(502, "failed", f"cannot resolve {target}")
+                raise _Refused(502, "failed", f"cannot resolve {target}", 0x04)
         else:
             addresses = [target]
         refusals: list[str] = []
@@ -405,7 +446,10 @@ class EgressProxy:
             return opened
         if errors:
             raise _Refused(
-                502, "failed", f"cannot connect to {conn.host}:{conn.port}: " + "; ".join(errors)
+                502,
+                "failed",
+                f"cannot connect to {conn.host}:{conn.port}: " + "; ".join(errors),
+                0x05,
             )
         raise _Refused(403, "refused", f"{conn.host}: " + "; ".join(refusals))
 
@@ -537,6 +581,50 @@ def _count(lease: EgressLease, conn: _Connection, direction: str, n: int) -> Non
     else:
         lease.bytes_out += n
         conn.bytes_out += n
+
+
+SOCKS = "SOCKS5"
+"""``NetworkEvent.method`` of a SOCKS5 CONNECT."""
+SOCKS_GREETING = "SOCKS5 greeting"
+"""Method recorded while (or when) the SOCKS5 greeting itself fails: nothing to reply."""
+
+
+async def _socks_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Connection
+) -> tuple[str, int]:
+    """Read a SOCKS5 greeting and CONNECT request (the version byte is read already);
+    return (host, port). Only "no authentication" and CONNECT are offered."""
+    conn.method = SOCKS_GREETING
+    methods = await reader.readexactly((await reader.readexactly(1))[0])
+    if 0x00 not in methods:
+        writer.write(b"\x05\xff")
+        raise _Refused(400, "refused", "the SOCKS5 client offered no 'no authentication' method")
+    writer.write(b"\x05\x00")
+    version, command, _, kind = await reader.readexactly(4)
+    conn.method = SOCKS
+    if version != 5:
+        raise _Refused(400, "refused", f"not a SOCKS5 request (version {version})")
+    if kind == 0x01:
+        host = str(ipaddress.IPv4Address(await reader.readexactly(4)))
+    elif kind == 0x04:
+        host = str(ipaddress.IPv6Address(await reader.readexactly(16)))
+    elif kind == 0x03:
+        name = await reader.readexactly((await reader.readexactly(1))[0])
+        host = name.decode("latin-1").lower()
+    else:
+        raise _Refused(400, "refused", f"unknown SOCKS5 address type {kind}", 0x08)
+    port = int.from_bytes(await reader.readexactly(2), "big")
+    conn.host, conn.port = host, port
+    if command != 0x01:
+        raise _Refused(400, "refused", "only SOCKS5 CONNECT is supported (no BIND, no UDP)", 0x07)
+    if port == 0:
+        raise _Refused(400, "refused", "SOCKS5 CONNECT to port 0")
+    return host, port
+
+
+def _socks_reply(code: int) -> bytes:
+    # The bound address is not meaningful here (and not the host's business to show).
+    return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
 
 
 def _parse_head(head: bytes) -> tuple[str, str, int, bytes | None]:
