@@ -228,3 +228,25 @@ def test_without_egress_allow_a_server_lets_no_tenant_enable_network(
             Sandbox(api_url=server.url, api_key=key, network={"allow_out": ["pypi.org"]})
     finally:
         server.stop()
+
+
+def test_a_tenant_list_narrows_the_servers(served: EgressServer, origin: Origin) -> None:
+    """``sandlot keys create --egress-allow``: the tenant's own list, within the server's."""
+    carol = served.server.key(
+        "carol", "--egress-allow", "allowed.test", "--egress-allow", origin.entry
+    )
+    dave = served.server.key("dave", "--no-egress")
+    with served.client(carol) as client:
+        beyond = client.post("/v1/sandboxes", json={"network": {"allow_out": ["other.test"]}})
+        assert beyond.status_code == 400
+        assert "'other.test' is not within" in beyond.json()["message"]
+        assert "this tenant's own list" in beyond.json()["message"]
+    with served.sandbox(carol, {"allow_out": ["allowed.test", origin.entry]}) as sbx:
+        code = FETCH + f"fetch('http://allowed.test:{origin.port}/hello')['status']"
+        assert sbx.run_code(code).text == "200"
+    with pytest.raises(PolicyError, match="this tenant's own list"):
+        served.sandbox(dave, {"allow_out": ["allowed.test"]})
+    with served.client(dave) as client:  # no policy: a sandbox without network, as always
+        response = client.post("/v1/sandboxes", json={})
+        assert response.status_code == 201
+        client.delete(f"/v1/sandboxes/{response.json()['sandbox_id']}")

@@ -202,24 +202,44 @@ def keys() -> None:
 @click.option("--max-sandboxes", type=click.IntRange(min=1), help="Tenant quota.")
 @click.option("--creates-per-minute", type=click.IntRange(min=1), help="Tenant quota.")
 @click.option("--max-memory-mb", type=click.IntRange(min=1), help="Tenant quota.")
+@click.option(
+    "--egress-allow",
+    "egress_allow",
+    multiple=True,
+    metavar="HOST",
+    help="What this tenant's sandboxes may be allowed (allow_out entries), within the "
+    "server's --egress-allow. Repeatable; replaces the tenant's list.",
+)
+@click.option("--no-egress", is_flag=True, help="This tenant may not enable network access at all.")
 @_storage_options
 def keys_create(
     tenant: str,
     max_sandboxes: int | None,
     creates_per_minute: int | None,
     max_memory_mb: int | None,
+    egress_allow: tuple[str, ...],
+    no_egress: bool,
     state_dir: Path | None,
     database: str | None,
 ) -> None:
     """Create a key for TENANT; the key is printed alone on the last line (shown once)."""
+    from sandlot import NetworkPolicy, PolicyError
     from sandlot.server import Store, TenantQuotas
 
+    if egress_allow and no_egress:
+        raise click.UsageError("give --egress-allow or --no-egress, not both")
+    try:
+        NetworkPolicy(allow_out=egress_allow)
+    except PolicyError as exc:
+        raise click.BadParameter(str(exc), param_hint="--egress-allow") from exc
     settings = _settings(state_dir, database)
     store = Store(settings.resolved_database_url)
     try:
         key = store.create_key(
             tenant, TenantQuotas(max_sandboxes, creates_per_minute, max_memory_mb)
         )
+        if egress_allow or no_egress:
+            store.set_tenant_egress(tenant, list(egress_allow))
     finally:
         store.close()
     click.echo(f"created a key for tenant {tenant!r}; it is shown only once:", err=True)

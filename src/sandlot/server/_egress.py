@@ -2,8 +2,10 @@
 
 A tenant asks for a network policy when it creates a sandbox. The server accepts it
 only within the operator's ceiling (``ServerSettings.egress``, ``sandlot serve
---egress-allow``): each ``allow_out`` entry must be covered by a ceiling entry and
-each cap must be at most the ceiling's, else the request is a 400 naming the entry.
+--egress-allow``) and, when the operator gave the tenant a narrower list of its own
+(``sandlot keys create --egress-allow``), within that too: each ``allow_out`` entry must
+be covered by a ceiling entry and each cap must be at most the ceiling's, else the
+request is a 400 naming the entry.
 The ceiling's ``deny_out`` is added to the sandbox's policy, and the server's proxy
 holds every connection to the ceiling as well (so the up-front check is not the only
 line). With the default, empty ceiling no tenant can enable network access.
@@ -48,12 +50,15 @@ class ServerEgress:
         )
         self._writer.start()
 
-    def policy_for(self, requested: Mapping[str, Any] | None) -> NetworkPolicy:
+    def policy_for(
+        self, requested: Mapping[str, Any] | None, tenant_allow: list[str] | None = None
+    ) -> NetworkPolicy:
         """The policy a sandbox gets for what its tenant asked (the fields it set).
 
         Raises :class:`PolicyError` (400) for an invalid policy or one beyond the
-        ceiling. Caps the tenant left out take the default or the ceiling's, whichever
-        is lower; the ceiling's ``deny_out`` is appended.
+        ceiling or the tenant's own allowlist (``tenant_allow``, None: none). Caps the
+        tenant left out take the default or the ceiling's, whichever is lower; the
+        ceiling's ``deny_out`` is appended.
         """
         if not requested or not requested.get("allow_out"):
             if requested:
@@ -71,6 +76,16 @@ class ServerEgress:
             **lowered,  # type: ignore[arg-type]
         )
         problems = check_within(policy, self.ceiling)
+        if not problems and tenant_allow is not None:
+            own = NetworkPolicy(
+                allow_out=tuple(tenant_allow),
+                max_bytes_in=None,
+                max_bytes_out=None,
+                max_connections=None,
+            )
+            problems = [
+                f"{problem} (this tenant's own list)" for problem in check_within(policy, own)
+            ]
         if problems:
             raise PolicyError(
                 "this server does not allow that network policy: "

@@ -175,7 +175,9 @@ class SandboxManager:
         if self.closing:
             raise ApiError(503, "ShuttingDown", "the server is shutting down")
         spec = Resources.coerce(dict(resources) if resources is not None else None)
-        policy = self.egress.policy_for(network)
+        policy = self.egress.policy_for(
+            network, self.store.tenant_egress(principal.tenant) if network else None
+        )
         if spec.memory_mb is None:
             raise InvalidArgumentError(
                 "resources.memory_mb must be set on a server (it counts against the tenant's "

@@ -87,6 +87,16 @@ executions = sa.Table(
     sa.Column("usage", sa.Text, nullable=True),
 )
 
+tenant_egress = sa.Table(
+    "tenant_egress",
+    _metadata,
+    sa.Column("tenant", sa.String(128), primary_key=True),
+    sa.Column("allow_out", sa.Text, nullable=False),
+)
+"""A tenant's own egress allowlist (JSON list of allow_out entries), narrower than the
+server's: its sandboxes' policies must lie within both. No row: the server's alone.
+A table of its own, so databases made before it need no migration."""
+
 network_events = sa.Table(
     "network_events",
     _metadata,
@@ -343,6 +353,23 @@ class Store:
                 if row[name] is not None:
                     row[name] = json.loads(row[name])
             yield row
+
+    def set_tenant_egress(self, tenant: str, allow_out: list[str]) -> None:
+        """Set what ``tenant``'s sandboxes may be allowed, within the server's ceiling
+        (``[]``: no network for this tenant)."""
+        with self.engine.begin() as conn:
+            conn.execute(tenant_egress.delete().where(tenant_egress.c.tenant == tenant))
+            conn.execute(
+                tenant_egress.insert().values(tenant=tenant, allow_out=json.dumps(allow_out))
+            )
+
+    def tenant_egress(self, tenant: str) -> list[str] | None:
+        """The tenant's own allowlist, or None when only the server's applies."""
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                sa.select(tenant_egress.c.allow_out).where(tenant_egress.c.tenant == tenant)
+            ).scalar()
+        return None if value is None else [str(entry) for entry in json.loads(value)]
 
     # --- network audit ------------------------------------------------------------------
     def network_event(self, event: Mapping[str, Any]) -> None:
