@@ -3,9 +3,10 @@ Podman, in one run on one host: p50/p95/p99 in milliseconds, printed and written
 ``bench/results/``.
 
 For each backend, *cold* is ``Sandbox()`` (start the sandbox, wait for the runner)
-then a first pandas cell (which imports pandas); *pooled* takes a sandbox from a
-:class:`sandlot.backends.WarmPool` (started ahead, pandas already imported) and runs
-the same cell. Run:
+then a first pandas cell (which imports pandas); *pooled* is ``Sandbox(pool=...)`` with
+a :class:`sandlot.Pool` (sandboxes started ahead, the data stack already imported) and
+the same cell. Before each pooled round the pool is full, so the acquire column is the
+hand-off, not the refill. Run:
 
     .venv/bin/python bench/backends.py                 # 20 rounds each
     .venv/bin/python bench/backends.py -n 50 --backends bwrap,docker,docker-runsc,podman
@@ -25,8 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandlot import Sandbox
-from sandlot.backends import Backend, WarmPool, get_backend
+from sandlot import Pool, Sandbox
+from sandlot.backends import Backend, get_backend
 from sandlot.backends.docker import DockerBackend
 
 CELL = "import pandas as pd\npd.DataFrame({'a': [1, 2, 3]}).a.sum()"
@@ -54,10 +55,10 @@ def _summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def _round(backend: Backend) -> tuple[float, float]:
+def _round(backend: Backend, pool: Pool | None = None) -> tuple[float, float]:
     """(ms until the sandbox is usable, ms for the first pandas cell)."""
     started = time.perf_counter()
-    sbx = Sandbox(backend=backend, timeout=120)
+    sbx = Sandbox(backend=backend, timeout=120, pool=pool)
     ready = time.perf_counter()
     try:
         execution = sbx.run_code(CELL, timeout=120)
@@ -72,11 +73,14 @@ def measure(name: str, rounds: int, pool_size: int) -> dict[str, Any]:
     backend = _backend(name)
     _round(backend)  # warm the image/template and page cache; not counted
     cold = [_round(backend) for _ in range(rounds)]
-    with WarmPool(backend, size=pool_size) as pool:
+    with Pool(size=pool_size, backend=backend, ttl=None) as pool:
+        pool.warm()
         pooled: list[tuple[float, float]] = []
         for _ in range(rounds):
-            pool.wait_ready(timeout=600)  # measure acquisition, not refill speed
-            pooled.append(_round(pool))
+            _full(pool, pool_size)  # measure acquisition, not refill speed
+            hits = pool.stats().hits
+            pooled.append(_round(backend, pool))
+            assert pool.stats().hits == hits + 1, pool.stats()
     report: dict[str, Any] = {}
     for label, samples in (("cold", cold), ("pooled", pooled)):
         report[label] = {
@@ -85,6 +89,14 @@ def measure(name: str, rounds: int, pool_size: int) -> dict[str, Any]:
             "total_ms": _summary([a + c for a, c in samples]),
         }
     return report
+
+
+def _full(pool: Pool, size: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while pool.stats().size < size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the pool did not fill in {timeout} s: {pool.stats()}")
+        time.sleep(0.05)
 
 
 def main() -> None:

@@ -13,9 +13,13 @@
 ``Sandbox(pool=True)`` uses one process-wide pool (:func:`default_pool`). Without
 ``pool`` nothing changes: every ``Sandbox()`` starts its own sandbox.
 
-What a pool keeps. One queue of started sandboxes per key: backend name, template,
-resources, envs, ``unsafe_best_effort_limits`` and the preload list, so a sandbox is
-only handed to a caller who would have started exactly the same one. Each has the
+What a pool keeps. One queue of started sandboxes per key: the backend's
+:meth:`~sandlot.backends.Backend.pool_key` (its name, and for containers the engine,
+OCI runtime and CPUs), template, resources, envs, network policy,
+``unsafe_best_effort_limits`` and the preload list, so a sandbox is only handed to a
+caller who would have started exactly the same one. Every backend works: for bubblewrap
+a pooled sandbox is a started process tree, for Docker and Podman a running container;
+either way taking one costs a queue hand-off, not a start plus the imports. Each has the
 pool's ``preload`` modules imported in its default kernel before it counts as ready
 (matplotlib with the Agg backend, then ``gc.freeze()``); imports land in
 ``sys.modules`` only, so user code sees the same empty namespace, ``execution_count``,
@@ -309,10 +313,11 @@ class Pool:
 
 def _key(spec: SandboxSpec, backend: Backend) -> _PoolKey:
     return (
-        backend.name,
+        backend.pool_key(),
         spec.template,
         spec.resources,
         tuple(sorted(spec.envs.items())),
+        spec.network,
         spec.unsafe_best_effort_limits,
         spec.preload,
     )

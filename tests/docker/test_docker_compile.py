@@ -38,6 +38,7 @@ LAYOUT = ContainerLayout(
     image="sandlot/template-python-data:latest",
     protocol_dir="/host/site/sandlot/protocol",
     runner_dir="/host/site/sandlot/runner",
+    etc_dir="/host/site/sandlot/backends/docker/etc",
     seccomp="<profile>",
     sandbox_id="0123456789abcdef",
     owner="host:4242",
@@ -96,14 +97,22 @@ def test_every_body_keeps_the_boundary(spec: SandboxSpec, layout: ContainerLayou
     assert f"seccomp={layout.seccomp}" in host["SecurityOpt"]
     assert not any("unconfined" in opt for opt in host["SecurityOpt"])
     assert body["User"] == "1000:1000"
-    # The only host paths are the runner's packages, read-only.
+    # The only host paths are the runner's packages and sandlot's neutral /etc files,
+    # read-only.
     assert all(m["ReadOnly"] is True and m["Type"] == "bind" for m in host["Mounts"])
     assert {m["Target"] for m in host["Mounts"]} == {
         f"{LIB_GUEST}/sandlot/protocol",
         f"{LIB_GUEST}/sandlot/runner",
+        "/etc/hosts",
+        "/etc/resolv.conf",
     }
+    # No sysfs: an empty read-only tmpfs in its place, spelled per engine.
+    if layout.engine == "podman":
+        assert "mask=/sys:/run:/var" in host["SecurityOpt"]
+    else:
+        assert host["Tmpfs"]["/sys"].startswith("ro,")
     assert "Binds" not in host and "Devices" not in host and "VolumesFrom" not in host
-    assert set(host["Tmpfs"]) == {"/tmp", "/home/user"}
+    assert set(host["Tmpfs"]) - {"/sys"} == {"/tmp", "/home/user"}
     # The supervisor is pid 1 (an engine init would make it killable by user code).
     assert host["Init"] is False
     assert host["AutoRemove"] is True
@@ -149,6 +158,15 @@ def test_runner_config_carries_envs_and_leaves_nproc_to_the_cgroup() -> None:
     rlimits = config["rlimits"]
     assert isinstance(rlimits, dict)
     assert rlimits["as"] == 512 * MiB and rlimits["nproc"] is None and rlimits["core"] == 0
+
+
+def test_under_gvisor_pids_is_rlimit_nproc_and_the_cgroup_bounds_the_sentry() -> None:
+    # gVisor's kernel is the sandbox's own: RLIMIT_NPROC counts only its processes. The
+    # host cgroup counts the Sentry's tasks (about 8 per sandbox process), a looser bound.
+    rlimits = runner_config(CUSTOM_SPEC, "runsc")["rlimits"]
+    assert isinstance(rlimits, dict) and rlimits["nproc"] == 32
+    host = build_create_body(CUSTOM_SPEC, PODMAN_GVISOR)["HostConfig"]
+    assert host["PidsLimit"] >= 8 * 32
 
 
 # --- seccomp ------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 * a client killed with SIGKILL in the middle of a cell leaves no container;
 * ``cleanup_orphans()`` removes containers whose owner is gone and keeps live ones;
-* the warm pool hands out warmed sandboxes and removes the rest on ``close()``;
+* ``sandlot.Pool`` hands out warmed containers and removes the rest on ``close()``;
 * ``sandlot doctor`` names the engine, runtime and cgroup driver.
 
 Waits are bounded polls of the engine's state, never wall-clock assertions.
@@ -18,12 +18,12 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sandlot import Sandbox
-from sandlot.backends import WarmPool
+from sandlot import Pool, Sandbox
 from sandlot.backends.docker import (
     DockerBackend,
     PodmanBackend,
@@ -154,19 +154,58 @@ def test_cleanup_orphans_removes_containers_of_dead_owners_only(kind: EngineKind
         engine.kill_and_remove(ours)
 
 
-@pytest.mark.requires_docker
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug: since the kernel-side preload landed, a container from WarmPool can "
-    "come without pandas imported; the two pool implementations are being merged",
+@pytest.mark.requires_server
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(DOCKER, marks=pytest.mark.requires_docker, id="docker"),
+        pytest.param(PODMAN, marks=pytest.mark.requires_podman, id="podman"),
+    ],
 )
-def test_warm_pool_hands_out_warm_sandboxes_and_removes_the_rest() -> None:
-    engine = _engine_for(DOCKER)
-    pool = WarmPool(DockerBackend(), size=2)
+def test_server_start_removes_containers_a_killed_process_left(
+    kind: EngineKind, tmp_path: Path
+) -> None:
+    # A process that created a sandbox container dies by SIGKILL and its container
+    # survives (this one sleeps instead of watching its stdin, as one whose attach stream
+    # broke would). Starting `sandlot serve` removes it. Would fail without the
+    # cleanup_orphans() call in the server's start-up (checked by hand).
+    from _server_harness import ServerProcess
+
+    engine = _engine_for(kind)
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    orphan = _sleeper(engine, owner_tag(owner.pid))
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    server = None
     try:
-        assert pool.wait_ready(timeout=300)
-        with Sandbox(backend=pool, timeout=120) as sbx:
+        state = (engine.inspect(orphan) or {}).get("State") or {}
+        assert state.get("Running") is True  # control: it outlived its owner
+        server = ServerProcess(tmp_path / "server").start()
+        assert _wait_until(lambda: engine.inspect(orphan) is None), "the orphan survived"
+        assert "containers_removed" in server.log()
+    finally:
+        if server is not None:
+            server.stop()
+        engine.kill_and_remove(orphan)
+
+
+@pytest.mark.requires_docker
+def test_pool_hands_out_warm_containers_and_removes_the_rest() -> None:
+    # sandlot.Pool with containers: started ahead, runner up, the data stack imported in
+    # the default kernel; taken once, never returned; the ready ones removed on close().
+    # Would fail if the preload did not reach the container's runner (pandas not in
+    # sys.modules) or if a pooled container were not the one handed out.
+    engine = _engine_for(DOCKER)
+    pool = Pool(size=2, backend=DockerBackend())
+    try:
+        pool.warm()
+        assert _wait_until(lambda: pool.stats().size == 2, 300), pool.stats()
+        ready = {c["Id"] for c in engine.containers([f"{LABEL_OWNER}={owner_tag()}"])}
+        assert len(ready) >= 2  # control: the ready sandboxes are running containers
+        with Sandbox(backend=DockerBackend(), pool=pool, timeout=120) as sbx:
+            assert pool.stats().hits == 1
             cid = sbx._core._handle.container.cid  # type: ignore[union-attr]
+            assert cid in ready  # the container started ahead, not a new one
             first = sbx.run_code(
                 "import sys\n"
                 "'pandas' in sys.modules, sorted(k for k in dir() if not k.startswith('_'))"
@@ -176,13 +215,27 @@ def test_warm_pool_hands_out_warm_sandboxes_and_removes_the_rest() -> None:
             assert first.text == "(True, ['sys'])"
             assert first.execution_count == 1
         assert _wait_until(lambda: engine.inspect(cid) is None)
-        # A different spec is started cold, not taken from the pool.
-        with Sandbox(backend=pool, timeout=120, envs={"X": "1"}) as other:
+        # Other settings make another key: started on demand, not taken from the pool.
+        with Sandbox(backend=DockerBackend(), pool=pool, timeout=120, envs={"X": "1"}) as other:
+            assert pool.stats().misses == 1
             assert other.run_code("import os; os.environ['X']").text == "'1'"
     finally:
         pool.close()
     # Every container this process started (pooled or not) is gone (removal is async).
     assert _wait_until(lambda: engine.containers([f"{LABEL_OWNER}={owner_tag()}"]) == [])
+
+
+def test_pool_keys_keep_runtimes_and_engines_apart() -> None:
+    # A runc container must never be handed to a caller who asked for gVisor (or the
+    # other way round), nor a Docker one to a Podman caller. No engine needed.
+    keys = {
+        DockerBackend().pool_key(),
+        DockerBackend(runtime="runsc").pool_key(),
+        DockerBackend(cpus=2.0).pool_key(),
+        PodmanBackend().pool_key(),
+    }
+    assert len(keys) == 4
+    assert DockerBackend().pool_key() == DockerBackend().pool_key()
 
 
 @pytest.mark.requires_docker
@@ -198,6 +251,26 @@ def test_doctor_reports_engines_runtimes_and_cgroup_driver() -> None:
     assert "runsc" in checks["docker: runtimes"]["detail"]
     assert "cgroup v" in checks["docker: cgroup driver"]["detail"]
     assert checks["podman: engine"]["detail"].startswith("podman ")
+
+
+def test_doctor_says_why_a_container_backend_is_unavailable() -> None:
+    env = {
+        **os.environ,
+        "DOCKER_HOST": "unix:///nonexistent/docker.sock",
+        "SANDLOT_PODMAN_HOST": "unix:///nonexistent/podman.sock",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "sandlot", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    checks = {c["name"].strip(): c for c in json.loads(result.stdout)["checks"]}
+    for name in ("docker", "podman"):
+        check = checks[f"backend {name}"]
+        assert check["status"] == "missing", check
+        assert "does not answer" in check["detail"] and "/nonexistent/" in check["detail"]
+        assert "start" in check["fix"]
 
 
 def test_an_unreachable_engine_is_unavailable_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,13 @@ checks the result on the host side too, not only what the sandbox reports. Where
 could pass for the wrong reason (a checker that sees nothing), a positive control runs
 first. The benign controls in ``test_controls.py`` make sure a sandbox that refuses
 everything cannot pass the suite.
+
+The suite runs once per backend (``all_backends``). How the host sees a sandbox's
+processes differs, and :func:`host_view_of` says how for each: under bwrap they are
+descendants of the bwrap process; a container's belong to the engine (containerd-shim,
+conmon), not to the test, and are found through the container's cgroup; under gVisor the
+host sees only the runsc sandbox, because the sandbox's processes exist in gVisor's own
+kernel, so markers in their argv are looked for from inside instead.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +130,76 @@ def nothing_accepted(listener: socket.socket) -> bool:
 def sandbox_pid(sbx: Sandbox) -> int:
     """The host pid of the sandbox's outermost process (bwrap for the bwrap backend)."""
     return sbx._core._handle._process.pid  # type: ignore[union-attr, attr-defined, no-any-return]
+
+
+def is_container(sbx: Sandbox) -> bool:
+    """Whether ``sbx`` runs in a container (Docker or Podman, any runtime)."""
+    return getattr(sbx._core._handle, "container", None) is not None
+
+
+def is_gvisor(sbx: Sandbox) -> bool:
+    """Whether ``sbx`` runs under gVisor (runsc): its processes are not host processes."""
+    return getattr(sbx._core.backend, "runtime", None) == "runsc"
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """A container sandbox as the host sees it, read through its engine and cgroup."""
+
+    engine: Any
+    cid: str
+    cgroup_procs: Path | None
+    """The ``cgroup.procs`` of the container's cgroup (every host process in it)."""
+
+    def processes(self) -> set[HostProcess]:
+        """The host processes in the container now (none once it is gone)."""
+        table = host_processes()
+        try:
+            pids = {int(pid) for pid in self.cgroup_procs.read_text().split()}  # type: ignore[union-attr]
+        except (OSError, AttributeError):
+            return set()
+        return {(pid, table[pid][1]) for pid in pids if pid in table}
+
+    def init_pid(self) -> int:
+        """The host pid of the container's first process (runc: the supervisor)."""
+        state = (self.engine.inspect(self.cid) or {}).get("State") or {}
+        pid = state.get("Pid")
+        assert isinstance(pid, int) and pid > 0, state
+        return pid
+
+    def gone(self) -> bool:
+        """The engine no longer has the container (it was removed)."""
+        return self.engine.inspect(self.cid) is None
+
+
+def container_view(sbx: Sandbox) -> ContainerView:
+    """The host's view of a container sandbox (see :func:`is_container`)."""
+    process = sbx._core._handle.container  # type: ignore[union-attr]
+    cgroup = process._cgroup
+    procs: Path | None = None
+    if cgroup is not None:
+        _version, directories = cgroup
+        directory = directories.get("pids") or directories.get("")
+        procs = None if directory is None else directory / "cgroup.procs"
+    return ContainerView(process.engine, process.cid, procs)
+
+
+def with_marker_inside(sbx: Sandbox, marker: str) -> bool:
+    """Whether a process in ``sbx`` carries ``marker`` in its argv, looked for from inside
+    (for gVisor, whose processes the host cannot see). The listing runs as a cell, so no
+    argv of its own carries the marker."""
+    code = (
+        "def _sandlot_scan(marker):\n"
+        "    import os\n"
+        "    found = False\n"
+        "    for name in os.listdir('/proc'):\n"
+        "        try:\n"
+        "            found |= marker in open('/proc/%s/cmdline' % name, 'rb').read()\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return found\n"
+        f"_sandlot_scan({marker.encode()!r})"
+    )
+    execution = sbx.run_code(code, timeout=30)
+    assert execution.error is None, execution.error
+    return execution.text == "True"

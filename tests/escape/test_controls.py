@@ -10,11 +10,16 @@ ctypes (Python tricks), and the data stack itself.
 from __future__ import annotations
 
 import pytest
-from escape_helpers import cell_json
+from escape_helpers import cell_json, is_gvisor
 
 from sandlot import Sandbox
 
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
+pytestmark = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_template,
+    pytest.mark.all_backends,
+    pytest.mark.local_only,
+]
 
 
 def test_pandas_numpy_and_a_csv_upload(sandbox: Sandbox) -> None:
@@ -70,7 +75,16 @@ print(json.dumps({"tmp": open(handle.name).read(),
     assert sandbox.files.exists("/tmp/controls-moved.bin")
 
 
-def test_subprocesses_and_shell_commands(sandbox: Sandbox) -> None:
+def test_subprocesses_and_shell_commands(sandbox: Sandbox, request: pytest.FixtureRequest) -> None:
+    if is_gvisor(sandbox):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="coreutils 9 (ls, stat, cp) fails under gVisor (runsc 20221219): it stats "
+                "with AT_NO_AUTOMOUNT, which gVisor's statx and fstatat refuse with EINVAL. "
+                "See docs/docker.md",
+            )
+        )
     execution = sandbox.run_code(
         "import subprocess, sys\n"
         "subprocess.run(['ls', '/home/user'], capture_output=True, check=True).returncode, "

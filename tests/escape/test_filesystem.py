@@ -21,12 +21,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from escape_helpers import PROJECT, cell_json, wait_until, with_marker
+from escape_helpers import (
+    PROJECT,
+    cell_json,
+    is_container,
+    is_gvisor,
+    wait_until,
+    with_marker,
+)
 
 import sandlot
 from sandlot import Sandbox
 
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
+pytestmark = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_template,
+    pytest.mark.all_backends,
+    pytest.mark.local_only,
+]
 
 OUTSIDE = "/opt/sandlot/lib/sandlot/runner/_supervisor.py"
 """A file the sandbox can see but the files API must not hand out (the runner's code)."""
@@ -155,6 +167,13 @@ view = {{}}
 view["exists"] = {{p: os.path.lexists(p) for p in
                   ("/root", "/sys", "/var", "/run", "/mnt", "/media", "/srv", "/boot",
                    "/work", {str(PROJECT)!r}, "/etc/shadow", "/etc/ssh", "/etc/machine-id")}}
+view["contents"] = {{}}
+for path, there in view["exists"].items():
+    if there:
+        try:
+            view["contents"][path] = os.listdir(path)
+        except OSError as exc:
+            view["contents"][path] = repr(exc)
 view["tmp"] = sorted(os.listdir("/tmp"))
 view["home"] = sorted(os.listdir("/home"))
 view["etc"] = sorted(os.listdir("/etc"))
@@ -173,7 +192,15 @@ print(json.dumps(view))
     finally:
         for path in planted:
             path.unlink(missing_ok=True)
-    assert not any(view["exists"].values()), view["exists"]
+    if is_container(fresh_sandbox):
+        # The engine makes mount points the sandbox cannot avoid (/sys; under Podman /run
+        # and /var): each must be an empty directory (masked by an empty read-only tmpfs).
+        # Without the masks: sysfs, and Podman's writable /run and /var/tmp, show through.
+        mount_points = {"/sys", "/run", "/var"}
+        assert {p for p, there in view["exists"].items() if there} <= mount_points, view
+        assert all(view["contents"][p] == [] for p in view["contents"]), view["contents"]
+    else:
+        assert not any(view["exists"].values()), view["exists"]
     assert view["tmp"] == []
     assert view["home"] == ["user"]
     assert view["hits"] == []
@@ -194,6 +221,10 @@ print(json.dumps(view))
         "passwd",
         "ssl",
     }
+    if is_container(fresh_sandbox):
+        # The engine's own: sandlot's empty resolv.conf (bound over the engine's), Docker's
+        # mtab link to /proc/mounts; and Debian's matplotlib defaults (the image's own).
+        allowed_etc |= {"resolv.conf", "mtab", "matplotlibrc"}
     assert set(view["etc"]) <= allowed_etc, set(view["etc"]) - allowed_etc
 
 
@@ -484,11 +515,22 @@ while True:  # swap each directory with its outward symlink, atomically, forever
 """
 
 
-def test_a_symlink_swapped_in_mid_operation_cannot_escape(fresh_sandbox: Sandbox) -> None:
+def test_a_symlink_swapped_in_mid_operation_cannot_escape(
+    fresh_sandbox: Sandbox, request: pytest.FixtureRequest
+) -> None:
     # Proves the check on the opened descriptor (/proc/self/fd), which catches a
     # directory swapped for an outward symlink between the path check and the open.
     # Checked by hand: with that check removed, reads returned the runner's source
     # within a few hundred attempts.
+    if is_gvisor(fresh_sandbox):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="gVisor (runsc 20221219) refuses renameat2's RENAME_EXCHANGE (EINVAL), so "
+                "the attacker's atomic swap never happens and the control (some reads refused "
+                "mid-swap) fails: the attack cannot be mounted there",
+            )
+        )
     sbx = fresh_sandbox
     sbx.files.write("racer.py", RACE)
     sbx.run_code(

@@ -17,11 +17,25 @@ import signal
 from pathlib import Path
 
 import pytest
-from escape_helpers import HostProcess, alive, cell_json, host_processes, parent_and_state
+from escape_helpers import (
+    HostProcess,
+    alive,
+    cell_json,
+    container_view,
+    host_processes,
+    is_container,
+    is_gvisor,
+    parent_and_state,
+)
 
 from sandlot import Sandbox
 
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
+pytestmark = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_template,
+    pytest.mark.all_backends,
+    pytest.mark.local_only,
+]
 
 PROBES = (Path(__file__).parent / "privilege_probe.py").read_text()
 
@@ -86,9 +100,22 @@ def test_every_probe_ran(probed: dict[str, object]) -> None:
     assert set(probed) == set(EXPECTED)
 
 
+GVISOR_ALSO: dict[str, tuple[int, str]] = {
+    # gVisor (runsc 20221219) does not implement pidfd_getfd: ENOSYS, not seccomp's EPERM.
+    "pidfd_getfd": (errno.ENOSYS, "not implemented by gVisor"),
+    # The profile's rule asks for EAFNOSUPPORT; under runsc the call fails with EPERM.
+    "socket netlink": (errno.EPERM, "seccomp, as runsc applies it"),
+}
+"""Other refusals that hold under gVisor, where the sandbox's syscalls reach gVisor's
+kernel (the Sentry), not the host's."""
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_syscall_is_refused(probed: dict[str, object], name: str) -> None:
+def test_syscall_is_refused(probed: dict[str, object], name: str, sandbox: Sandbox) -> None:
     accepted, layer = EXPECTED[name]
+    if is_gvisor(sandbox) and name in GVISOR_ALSO:
+        also, why = GVISOR_ALSO[name]
+        accepted, layer = accepted | {also}, f"{layer}; gVisor: {why}"
     names = {errno.errorcode[code] for code in accepted}
     assert probed[name] in names, f"{name}: got {probed[name]}, want {names} ({layer})"
 
@@ -97,20 +124,30 @@ def test_unprivileged_inside(sandbox: Sandbox) -> None:
     status = cell_json(
         sandbox,
         """
-import json, os
+import ctypes, json, os
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+libc = ctypes.CDLL(None, use_errno=True)
 print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
                   "groups": os.getgroups(),
+                  "no_new_privs": libc.prctl(39, 0, 0, 0, 0),  # PR_GET_NO_NEW_PRIVS
                   **{k: status[k].split() for k in ("Uid", "Gid", "CapEff", "CapPrm",
-                                                     "CapInh", "CapAmb", "NoNewPrivs")}}))
+                                                     "CapInh", "CapAmb", "NoNewPrivs")
+                     if k in status}}))
 """,
     )
     assert status["uid"] != 0 and status["euid"] != 0 and status["gid"] != 0
     assert 0 not in status["groups"]
     assert "0" not in status["Uid"] and "0" not in status["Gid"]
-    for capabilities in ("CapEff", "CapPrm", "CapInh", "CapAmb"):
+    capability_sets = ["CapEff", "CapPrm", "CapInh", "CapAmb"]
+    if is_gvisor(sandbox):
+        # gVisor has no ambient capabilities (no CapAmb line; PR_CAP_AMBIENT is EINVAL);
+        # they could only be a subset of CapPrm and CapInh, both checked empty here.
+        capability_sets.remove("CapAmb")
+    for capabilities in capability_sets:
         assert int(status[capabilities][0], 16) == 0, (capabilities, status[capabilities])
-    assert status["NoNewPrivs"] == ["1"]
+    assert status["no_new_privs"] == 1
+    if not is_gvisor(sandbox):  # gVisor's /proc/self/status has no NoNewPrivs line
+        assert status["NoNewPrivs"] == ["1"]
     shell = sandbox.commands.run("id -u; grep CapEff /proc/self/status")
     assert shell.stdout.split()[0] != "0"
     assert shell.stdout.split()[-1] == "0000000000000000"
@@ -120,15 +157,23 @@ def test_setuid_binaries_grant_nothing(sandbox: Sandbox) -> None:
     # Proves: setuid and setgid bits have no effect inside (no_new_privs, nosuid mounts,
     # and no host uid 0 to become). Would fail if the sandbox ran without
     # PR_SET_NO_NEW_PRIVS on mounts without nosuid, where su and mount gain privilege.
-    found = sandbox.commands.run("find /usr -xdev -perm /6000 -type f 2>/dev/null").stdout.split()
-    assert found, "no setuid/setgid binaries to try (the host's /usr has su, mount, passwd)"
+    # A container's root is one overlay the engine cannot mount nosuid: there, the image
+    # has no setuid or setgid bit left at all (cleared when the template image is built;
+    # checked by hand: without that, su, mount, passwd... keep theirs).
+    if is_container(sandbox):
+        found = sandbox.commands.run("find / -xdev -perm /6000 2>/dev/null").stdout.split()
+        assert found == [], found
+        assert sandbox.commands.run("command -v su mount").exit_code == 0  # control: there
+    else:
+        found = sandbox.commands.run("find /usr -xdev -perm /6000 -type f 2>/dev/null").stdout
+        assert found.split(), "no setuid/setgid binaries to try (the host's /usr has su, mount)"
     outcome = cell_json(
         sandbox,
         """
-import json, os, subprocess
+import ctypes, json, os, subprocess
 outcome = {"mounts": [line.split()[4] + " " + line.split()[5]
                        for line in open("/proc/self/mountinfo")],
-            "nnp": open("/proc/self/status").read().split("NoNewPrivs:")[1].split()[0]}
+            "nnp": ctypes.CDLL(None).prctl(39, 0, 0, 0, 0)}  # PR_GET_NO_NEW_PRIVS
 runs = {}
 for argv in (["su", "-c", "id -u", "root"], ["mount", "-t", "tmpfs", "none", "/tmp"],
              ["newgrp", "root"], ["chsh", "-s", "/bin/sh", "root"]):
@@ -143,9 +188,10 @@ outcome["euid"] = os.geteuid()
 print(json.dumps(outcome))
 """,
     )
-    assert outcome["nnp"] == "1"
-    usr_mounts = [m for m in outcome["mounts"] if m.startswith("/usr ")]
-    assert usr_mounts and all("nosuid" in m for m in usr_mounts), outcome["mounts"]
+    assert outcome["nnp"] == 1
+    if not is_container(sandbox):
+        usr_mounts = [m for m in outcome["mounts"] if m.startswith("/usr ")]
+        assert usr_mounts and all("nosuid" in m for m in usr_mounts), outcome["mounts"]
     for name, (code, stdout) in outcome["runs"].items():
         assert code != 0 and stdout != "0", (name, code, stdout)
     assert outcome["euid"] != 0
@@ -229,13 +275,31 @@ print(json.dumps({"sent": sent, "shell": shell.stdout, "state": state}))
 """
 
 
-def test_user_code_cannot_signal_the_supervisor(fresh_sandbox: Sandbox) -> None:
+def test_user_code_cannot_signal_the_supervisor(
+    fresh_sandbox: Sandbox, request: pytest.FixtureRequest
+) -> None:
     # The supervisor is pid 1 of the sandbox's pid namespace and leaves every signal at
     # SIG_DFL: the kernel drops them all, SIGKILL and SIGSTOP included, when they come
     # from inside. Only the host (from outside the namespace) can end it.
+    if is_gvisor(fresh_sandbox):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="gVisor (runsc 20221219) delivers SIGKILL from inside the sandbox to "
+                "its pid 1: code can end its own sandbox (SandboxLost; a fresh one starts on "
+                "the next call). See docs/docker.md",
+            )
+        )
     fresh_sandbox.files.write("before.txt", "x")
-    bwrap = fresh_sandbox._core._handle._process.pid  # type: ignore[union-attr, attr-defined]
-    supervisor = _host_supervisor(bwrap)
+    if is_container(fresh_sandbox):
+        # The container's first process is the supervisor (no engine init); its host
+        # parent is the engine's (containerd-shim, conmon), which must not change.
+        pid = container_view(fresh_sandbox).init_pid()
+        supervisor: HostProcess = (pid, host_processes()[pid][1])
+        outside = parent_and_state(pid)[0]
+    else:
+        outside = fresh_sandbox._core._handle._process.pid  # type: ignore[union-attr, attr-defined]
+        supervisor = _host_supervisor(outside)
     report = cell_json(fresh_sandbox, SIGNAL_PID_1)
     assert signal.SIGINT in report["sent"] and signal.SIGTERM in report["sent"]  # control
     assert report["shell"] == "sent\n"  # control: the shell's kills were accepted
@@ -243,7 +307,7 @@ def test_user_code_cannot_signal_the_supervisor(fresh_sandbox: Sandbox) -> None:
     # Host side: the same supervisor process, running, not stopped.
     assert alive({supervisor}) == {supervisor}
     parent, state = parent_and_state(supervisor[0])
-    assert supervisor[0] == bwrap or parent == bwrap
+    assert supervisor[0] == outside or parent == outside  # zygote: it is the outermost
     assert state not in ("T", "t"), "the supervisor was stopped"
     # Through commands.run too.
     assert fresh_sandbox.commands.run("kill -STOP 1; kill -9 1; sleep 0.3").exit_code == 0
@@ -262,7 +326,8 @@ libc.syscall.restype = ctypes.c_long
 libc.ptrace.restype = ctypes.c_long
 supervisor = os.getppid()
 argv = open("/proc/%d/cmdline" % supervisor, "rb").read().split(b"\\0")
-channel_fd = int(argv[argv.index(b"--fd") + 1])
+# bwrap: an inherited socket (--fd N); containers (--stdio): stdout, the attach stream
+channel_fd = int(argv[argv.index(b"--fd") + 1]) if b"--fd" in argv else 1
 report = {"supervisor": supervisor, "fd": channel_fd}
 ctypes.set_errno(0)
 pidfd = libc.syscall(434, supervisor, 0)  # pidfd_open
@@ -293,12 +358,24 @@ print(json.dumps(report), flush=True)
 """
 
 
-def test_the_host_channel_cannot_be_stolen(fresh_sandbox: Sandbox) -> None:
+def test_the_host_channel_cannot_be_stolen(
+    fresh_sandbox: Sandbox, request: pytest.FixtureRequest
+) -> None:
     # Two layers. seccomp refuses pidfd_getfd and ptrace outright (even on the caller's
     # own process). Under it, the supervisor is not dumpable (PR_SET_DUMPABLE 0): user
     # code with the same uid can neither reach the channel through /proc/1/fd, nor read
     # its environment or memory, which no syscall filter could tell apart from an
     # ordinary open().
+    if is_gvisor(fresh_sandbox):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="gVisor (runsc 20221219) ignores the supervisor's PR_SET_DUMPABLE 0 for "
+                "/proc/1/fd and /proc/1/environ: same-uid code can open the supervisor's "
+                "stdin/stdout, the host channel (the host still validates and caps every "
+                "message; /proc/1/mem and ptrace stay refused). See docs/docker.md",
+            )
+        )
     fresh_sandbox.files.write("before.txt", "x")
     report = cell_json(fresh_sandbox, STEAL_CHANNEL)
     assert report["supervisor"] == 1

@@ -7,6 +7,7 @@ it or be cleanly replaced. Whole-sandbox limits are in ``tests/integration/test_
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -15,23 +16,34 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from escape_helpers import (
+    ContainerView,
     alive,
+    container_view,
     descendants,
     host_processes,
+    is_container,
+    is_gvisor,
     sandbox_pid,
     the_daemon,
     wait_until,
     with_marker,
+    with_marker_inside,
 )
 
 import sandlot
 from sandlot import Sandbox
 from sandlot.policy import MiB
 
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
+pytestmark = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_template,
+    pytest.mark.all_backends,
+    pytest.mark.local_only,
+]
 
 LIMIT_NAMES = {"TimeoutError", "OutOfMemoryError", "KernelDiedError"}
 
@@ -60,26 +72,60 @@ while True:
 
 
 def test_fork_bomb_ends_as_a_timeout_and_is_cleaned_up(
-    make_sandbox: Callable[..., Sandbox],
+    make_sandbox: Callable[..., Sandbox], request: pytest.FixtureRequest
 ) -> None:
     # Proves the pids limit (cgroup + RLIMIT_NPROC) and the stop-then-kill sweep, or,
     # when the bomb starves the runner itself, the host's backstop that destroys the
     # sandbox and starts a new one. Either way: a typed TimeoutError, no process of the
     # bomb left on the host, and a sandbox that works. Would fail without a pids limit
     # (the host's process table fills) or without the backstop (run_code hangs).
+    # Under gVisor the limit is RLIMIT_NPROC in gVisor's own kernel (see _compile.py).
     sbx = make_sandbox(resources={"pids": 64})
+    if is_gvisor(sbx):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=False,  # which comes first depends on the host's load
+                reason="gVisor's ptrace platform runs ~30 host tasks per spinning sandbox "
+                "process: at the sandbox's own limit (RLIMIT_NPROC) the runsc Sentry can meet "
+                "the host cgroup's bound (128 + 10 x pids) before the cell's timeout, exit "
+                "(status 2) and come back as SandboxLostError, not TimeoutError; the host "
+                "stays protected either way",
+            )
+        )
     sbx.files.write("before.txt", "kept")
-    bwrap = sandbox_pid(sbx)
+    count, gone = _sandbox_processes(sbx)
     execution = sbx.run_code(FORK_BOMB, timeout=5)
     assert execution.error is not None and execution.error.name == "TimeoutError", execution
     assert execution.status == "timeout"
     _usable(sbx)
     if sbx._core.restarts == 0:  # the runner stopped the bomb itself: files are kept
-        wait_until(lambda: len(descendants(bwrap)) <= 3, 30, "the bomb is gone")
+        wait_until(lambda: count() <= 3, 30, "the bomb is gone")
         assert sbx.files.read("before.txt") == "kept"
     else:  # the sandbox was replaced: the old one is entirely gone
-        wait_until(lambda: not alive({(bwrap, _start_time(bwrap))}), 30, "the old sandbox ends")
+        wait_until(gone, 30, "the old sandbox ends")
         assert "destroyed" in execution.error.value
+
+
+def _sandbox_processes(sbx: Sandbox) -> tuple[Callable[[], int], Callable[[], bool]]:
+    """For the sandbox ``sbx`` runs now: (how many processes it has besides its outermost
+    one, whether it is entirely gone). bwrap: the host's descendants of bwrap. A
+    container: its cgroup's processes (runc: the supervisor is the outermost), or under
+    gVisor, whose processes the host cannot see, the process list inside; and gone once
+    the engine no longer has the container."""
+    if not is_container(sbx):
+        bwrap = sandbox_pid(sbx)
+        first = (bwrap, _start_time(bwrap))
+        return lambda: len(descendants(bwrap)), lambda: not alive({first})
+    view = container_view(sbx)
+    if is_gvisor(sbx):
+
+        def inside() -> int:
+            # Processes other than pid 1 (the supervisor), the listing kernel included.
+            code = "import os\nsum(n.isdigit() and n != '1' for n in os.listdir('/proc'))"
+            return int(sbx.run_code(code, timeout=30).text or "-1")
+
+        return inside, view.gone
+    return lambda: len(view.processes()) - 1, view.gone
 
 
 def _start_time(pid: int) -> bytes:
@@ -137,13 +183,22 @@ if __name__ == "__main__" or True:
 
 
 def test_memory_bomb_across_processes_is_out_of_memory(
-    make_sandbox: Callable[..., Sandbox],
+    make_sandbox: Callable[..., Sandbox], request: pytest.FixtureRequest
 ) -> None:
     # Four processes that each grow without bound: the per-process RLIMIT_AS stops each
     # at 256 MiB, the whole-sandbox memory cgroup stops them together; the cell ends as
     # a typed limit and the sandbox goes on. Would fail with memory_mb=None: the workers
     # grow until the host's own OOM killer picks victims (not tried on a shared host).
     sbx = make_sandbox(resources={"memory_mb": 256})
+    if is_gvisor(sbx):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="under gVisor the memory cgroup holds the whole runsc Sentry: the "
+                "host's OOM killer ends the sandbox as a whole (SandboxLostError saying it "
+                "ran out of memory, a fresh sandbox next call), not one process in it",
+            )
+        )
     sbx.run_code("kept = 'before the bomb'")
     execution = sbx.run_code(MEMORY_BOMB, timeout=60)
     stdout = "".join(execution.logs.stdout)
@@ -261,19 +316,32 @@ def test_cpu_spin_is_a_timeout_and_state_survives(fresh_sandbox: Sandbox) -> Non
 
 
 def test_cpu_time_limit_ends_a_spin_that_outlives_its_cell(
-    make_sandbox: Callable[..., Sandbox],
+    make_sandbox: Callable[..., Sandbox], request: pytest.FixtureRequest
 ) -> None:
     # Proves RLIMIT_CPU on processes user code leaves behind: a background spinner
     # started by a cell that returned is killed by SIGXCPU/SIGKILL, not left running.
     sbx = make_sandbox(resources={"cpu_seconds": 2})
+    if is_gvisor(sbx):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="gVisor (runsc 20221219) does not enforce an inherited RLIMIT_CPU: a "
+                "child started with subprocess spins past it (one that calls setrlimit itself "
+                "is stopped); the cgroup CPU quota still bounds the sandbox. See docs/docker.md",
+            )
+        )
     marker = f"sandlot-spin-{uuid.uuid4().hex}"
     execution = sbx.run_code(
         f"import subprocess, sys\nspinner = subprocess.Popen([sys.executable, '-c', "
         f"'while True: pass', {marker!r}])"
     )
     assert execution.error is None
-    wait_until(lambda: bool(with_marker(marker)), 10, "the spinner runs")  # control
-    wait_until(lambda: not with_marker(marker), 60, "the CPU limit ends the spinner")
+    # On the host, or under gVisor (whose processes the host cannot see) inside.
+    running = (lambda: with_marker_inside(sbx, marker)) if is_gvisor(sbx) else (
+        lambda: bool(with_marker(marker))
+    )  # fmt: skip
+    wait_until(running, 10, "the spinner runs")  # control
+    wait_until(lambda: not running(), 60, "the CPU limit ends the spinner")
     code = sbx.run_code("spinner.wait()").text
     assert code in (str(-signal.SIGXCPU), str(-signal.SIGKILL)), code
     _usable(sbx)
@@ -282,50 +350,88 @@ def test_cpu_time_limit_ends_a_spin_that_outlives_its_cell(
 # --- process lifetime -----------------------------------------------------------------------
 
 
+GONE_WITHIN = {"bwrap": 5.0, "container": 60.0}
+"""Seconds for a killed sandbox's processes to go. A container's are ended by its engine
+(and, after a SIGKILL of the owner, only once the supervisor reads EOF on its stdin)."""
+
+
 def test_kill_leaves_no_process_on_the_host(
     make_sandbox: Callable[..., Sandbox], daemon_cell: Callable[[str], str]
 ) -> None:
     marker = f"sandlot-escape-daemon-{uuid.uuid4().hex}"
     sbx = make_sandbox()
     assert sbx.run_code(daemon_cell(marker)).error is None
-    daemon = the_daemon(marker)  # control: the host-side search does see it
-    # The sandbox's outermost host process and everything under it: bwrap, supervisor
-    # (pid 1), kernel, daemon; or, forked from a zygote, the supervisor and below.
-    root = sandbox_pid(sbx)
-    sandbox_processes = descendants(root) | {(root, host_processes()[root][1])}
-    assert daemon <= sandbox_processes
-    assert len(sandbox_processes) >= 3
+    if is_container(sbx):
+        view = container_view(sbx)
+        sandbox_processes = view.processes()
+        if is_gvisor(sbx):
+            # The daemon lives in gVisor's kernel: seen from inside, never on the host,
+            # where the sandbox is the runsc Sentry and its helpers.
+            assert with_marker_inside(sbx, marker)  # control
+            assert not with_marker(marker)
+            assert sandbox_processes  # control: the host-side search finds the Sentry
+        else:
+            daemon = the_daemon(marker)  # control: the host-side search does see it
+            assert daemon <= sandbox_processes
+            assert len(sandbox_processes) >= 3  # supervisor (pid 1), kernel, daemon
+    else:
+        daemon = the_daemon(marker)  # control: the host-side search does see it
+        # The sandbox's outermost host process and everything under it: bwrap, supervisor
+        # (pid 1), kernel, daemon; or, forked from a zygote, the supervisor and below.
+        root = sandbox_pid(sbx)
+        sandbox_processes = descendants(root) | {(root, host_processes()[root][1])}
+        assert daemon <= sandbox_processes
+        assert len(sandbox_processes) >= 3
     # Teardown does not depend on anything inside: killing bwrap ends the supervisor
-    # (--die-with-parent), and with pid 1 gone the kernel kills the whole namespace.
+    # (--die-with-parent), and with pid 1 gone the kernel kills the whole namespace; a
+    # container is killed and removed through its engine.
 
     sbx.kill()
-    wait_until(lambda: not alive(sandbox_processes), 5, "every sandbox process is gone")
+    within = GONE_WITHIN["container" if is_container(sbx) else "bwrap"]
+    wait_until(lambda: not alive(sandbox_processes), within, "every sandbox process is gone")
+    if is_container(sbx):
+        wait_until(view.gone, within, "the engine removed the container")
     assert not with_marker(marker)
 
 
 OWNER = """
-import pathlib, time
+import json, pathlib, sys, time
 import sandlot
 from sandlot import Sandbox
-sandbox = Sandbox(backend="bwrap", timeout=120)
+from sandlot.backends.docker import DockerBackend, PodmanBackend
+backend = {
+    "bwrap": lambda: "bwrap",
+    "zygote": lambda: "zygote",
+    "docker": DockerBackend,
+    "docker-runsc": lambda: DockerBackend(runtime="runsc"),
+    "podman": PodmanBackend,
+}[sys.argv[1]]()
+sandbox = Sandbox(backend=backend, timeout=120)
 # The cell comes from a file: in argv, the marker would be in this process's cmdline.
 execution = sandbox.run_code(pathlib.Path("cell.py").read_text())
 assert execution.error is None, execution.error
-print("ready", flush=True)
+container = getattr(sandbox._core._handle, "container", None)
+report = {"cid": None if container is None else container.cid}
+if container is not None and container._cgroup is not None:
+    directories = container._cgroup[1]
+    report["procs"] = str((directories.get("pids") or directories[""]) / "cgroup.procs")
+print("ready " + json.dumps(report), flush=True)
 time.sleep(120)
 """
 
 
 def test_sigkill_of_the_owner_leaves_no_process_on_the_host(
-    daemon_cell: Callable[[str], str], tmp_path: Path
+    sandlot_backend: Any, daemon_cell: Callable[[str], str], tmp_path: Path
 ) -> None:
+    name = _backend_name(sandlot_backend)
     marker = f"sandlot-escape-orphan-{uuid.uuid4().hex}"
     log = tmp_path / "owner.log"
     (tmp_path / "cell.py").write_text(daemon_cell(marker))
+    view: ContainerView | None = None
     with (
         log.open("wb") as output,
         subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(OWNER)],
+            [sys.executable, "-c", textwrap.dedent(OWNER), name],
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -335,17 +441,45 @@ def test_sigkill_of_the_owner_leaves_no_process_on_the_host(
         try:
             wait_until(
                 lambda: b"ready" in log.read_bytes() or owner.poll() is not None,
-                60,
+                60 if name == "bwrap" else 300,
                 "the owner started its sandbox",
             )
             assert owner.poll() is None, log.read_text()
-            daemon = the_daemon(marker)  # control: the host-side search does see it
-            sandbox_processes = descendants(owner.pid)
-            assert daemon <= sandbox_processes
-            assert len(sandbox_processes) >= 4  # bwrap, supervisor (pid 1), kernel, daemon
+            report = json.loads(log.read_text().split("ready ", 1)[1].splitlines()[0])
+            if report["cid"] is None:
+                daemon = the_daemon(marker)  # control: the host-side search does see it
+                sandbox_processes = descendants(owner.pid)
+                assert daemon <= sandbox_processes
+                assert len(sandbox_processes) >= 4  # bwrap, supervisor (pid 1), kernel, daemon
+            else:
+                # A container's processes are the engine's, not the owner's descendants.
+                view = ContainerView(_engine(name), report["cid"], Path(report["procs"]))
+                sandbox_processes = view.processes()
+                assert sandbox_processes  # control
+                if name != "docker-runsc":  # gVisor's processes are not host processes
+                    assert the_daemon(marker) <= sandbox_processes  # control
         finally:
             owner.send_signal(signal.SIGKILL)
             owner.wait()
         assert owner.returncode == -signal.SIGKILL
-        wait_until(lambda: not alive(sandbox_processes), 5, "every sandbox process is gone")
+        within = GONE_WITHIN["bwrap" if view is None else "container"]
+        wait_until(lambda: not alive(sandbox_processes), within, "every sandbox process is gone")
+        if view is not None:
+            wait_until(view.gone, within, "the engine removed the container")
         assert not with_marker(marker)
+
+
+def _backend_name(backend: Any) -> str:
+    """The fixture's backend as the owner script names it (a pool's: the backend it
+    refills from)."""
+    backend = getattr(backend, "_backend", backend)
+    if isinstance(backend, str):
+        return backend
+    return "docker-runsc" if getattr(backend, "runtime", None) == "runsc" else str(backend.name)
+
+
+def _engine(name: str) -> Any:
+    from sandlot.backends.docker import _engine_for
+    from sandlot.backends.docker._engine import DOCKER, PODMAN
+
+    return _engine_for(PODMAN if name == "podman" else DOCKER)

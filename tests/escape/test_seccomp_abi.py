@@ -5,10 +5,16 @@ from __future__ import annotations
 import signal
 
 import pytest
+from escape_helpers import is_gvisor
 
 from sandlot import Sandbox
 
-pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
+pytestmark = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_template,
+    pytest.mark.all_backends,
+    pytest.mark.local_only,
+]
 
 X32_GETPID = """
 import ctypes, subprocess, sys
@@ -17,7 +23,15 @@ print(subprocess.run([sys.executable, "-c", child]).returncode)
 """
 
 
-def test_an_x32_syscall_kills_the_process(sandbox: Sandbox) -> None:
+def test_an_x32_syscall_kills_the_process(sandbox: Sandbox, request: pytest.FixtureRequest) -> None:
+    if is_gvisor(sandbox):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="gVisor has no x32 ABI: the x32 getpid fails with ENOSYS in gVisor's "
+                "kernel and the child exits 0; no host kernel filter is reached to kill it",
+            )
+        )
     # Without the filter's architecture check the kernel answers ENOSYS (x32 off) or
     # runs getpid (x32 on), and the child exits 0. With it, the child dies of SIGSYS.
     execution = sandbox.run_code(X32_GETPID, timeout=30)

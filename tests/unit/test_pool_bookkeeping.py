@@ -107,6 +107,7 @@ def _ready(pool: Pool) -> list[tuple[Any, float]]:
         {"resources": {"memory_mb": 512}},
         {"template": "other"},
         {"unsafe_best_effort_limits": True},
+        {"network": {"allow_out": ["pypi.org"]}},
     ],
 )
 def test_keys_never_mix(pool: Pool, backend: FakeBackend, other: dict[str, Any]) -> None:
@@ -119,6 +120,25 @@ def test_keys_never_mix(pool: Pool, backend: FakeBackend, other: dict[str, Any])
     spec = backend.handle.spec
     assert spec.envs == other.get("envs", {})
     assert spec.template == other.get("template", "python-data")
+
+
+class _OtherRuntime(FakeBackend):
+    """The same backend name, another configuration (as DockerBackend(runtime="runsc"))."""
+
+    def pool_key(self) -> tuple[object, ...]:
+        return (self.name, "another runtime")
+
+
+def test_backends_with_another_pool_key_never_mix(pool: Pool, backend: FakeBackend) -> None:
+    pool.warm()
+    _filled(pool, 2)
+    other = _OtherRuntime(echo_handler)
+    assert other.name == backend.name  # control: only the pool key tells them apart
+    with Sandbox(backend=other, pool=pool):
+        pass
+    stats = pool.stats()
+    assert (stats.hits, stats.misses, stats.keys) == (0, 1, 2)
+    assert len(other.handles) == 1  # started by the caller's own backend
 
 
 def test_dead_ready_sandboxes_are_skipped(pool: Pool, backend: FakeBackend) -> None:

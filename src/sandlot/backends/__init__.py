@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from sandlot._exceptions import BackendUnavailable, InvalidArgumentError
 from sandlot.backends._base import Backend, Event, EventStream, Probe, SandboxHandle
-from sandlot.backends._pool import WarmPool
 from sandlot.backends.bwrap import BwrapBackend
 from sandlot.backends.bwrap._zygote import ZygoteBackend
 from sandlot.backends.docker import DockerBackend, PodmanBackend
@@ -33,7 +32,6 @@ __all__ = [
     "EventStream",
     "Probe",
     "SandboxHandle",
-    "WarmPool",
     "get_backend",
     "probe_all",
 ]

@@ -103,3 +103,9 @@ class Backend(ABC):
     @abstractmethod
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         """Start a sandbox for ``spec`` and wait until its runner is ready."""
+
+    def pool_key(self) -> tuple[object, ...]:
+        """What, besides the spec, decides the sandbox this backend starts: a warm pool
+        hands a ready sandbox only to a caller whose backend has an equal key (so a
+        gVisor container never goes to someone who asked for runc). Default: the name."""
+        return (self.name,)

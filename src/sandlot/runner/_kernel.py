@@ -290,6 +290,9 @@ class Kernel:
                 status = "interrupted"
             finally:
                 self.in_cell = False
+            if status == "interrupted":
+                with contextlib.suppress(KeyboardInterrupt, OSError):
+                    _reap_killed_children()
         finally:
             for key, value in saved_env.items():
                 if value is None:
@@ -432,3 +435,29 @@ def _preload(names: List[str]) -> None:
             os.write(2, message.encode("utf-8", "replace"))
     gc.collect()
     gc.freeze()
+
+
+def _reap_killed_children() -> None:
+    """Reap this kernel's dead children that no ``subprocess.Popen`` owns.
+
+    On a timeout or interrupt the supervisor SIGKILLs everything the cell started.
+    Children the cell forked itself (``os.fork``) stay zombies of this kernel until it
+    waits for them, and each still counts against the sandbox's pids limit: a fork
+    bomb's first generation would keep the sandbox from starting any command. A
+    ``Popen``'s own zombie is left to its ``wait()``, which reports how it ended.
+    """
+    module = sys.modules.get("subprocess")
+    popen = getattr(module, "Popen", None)
+    owned = {o.pid for o in gc.get_objects() if popen is not None and isinstance(o, popen)}
+    me = str(os.getpid()).encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in owned:
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[0] == b"Z" and fields[1] == me:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(name), os.WNOHANG)

@@ -25,6 +25,7 @@ from sandlot import Resources, Sandbox, SandlotError
 from sandlot._exceptions import InvalidArgumentError, IsolationUnavailable
 from sandlot.backends import get_backend
 from sandlot.backends._cgroups import sweep_orphans
+from sandlot.backends.docker import cleanup_orphans
 from sandlot.server._egress import ServerEgress, policy_dict
 from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._store import Principal, Store
@@ -122,12 +123,16 @@ class SandboxManager:
 
     # --- start-up -----------------------------------------------------------------------
     def recover(self) -> dict[str, int]:
-        """Clean up what a previous server left: processes, cgroups, open rows, upload spool.
+        """Clean up what a previous server left: processes, containers, cgroups, open rows,
+        upload spool.
 
         bwrap runs with ``--die-with-parent``, so a crashed server's sandboxes normally
         died with it; any survivor is killed here (only if its pid still belongs to the
-        same process, checked by start time). Sandboxes and cells the previous server left
-        open are closed in the database (cells become ``killed``).
+        same process, checked by start time). Containers of the Docker and Podman
+        backends whose creating process is gone are removed through their engines
+        (found by sandlot's label; engines that are absent are skipped). Sandboxes and
+        cells the previous server left open are closed in the database (cells become
+        ``killed``).
         """
         killed = 0
         for row in self.store.unfinished_sandboxes():
@@ -139,6 +144,7 @@ class SandboxManager:
                 except OSError:
                     pass
         boxes, cells = self.store.close_orphans()
+        containers = cleanup_orphans()
         cgroups = len(sweep_orphans())
         spooled = 0
         spool = self.settings.spool_dir
@@ -150,6 +156,7 @@ class SandboxManager:
         report = {
             "sandboxes_closed": boxes,
             "processes_killed": killed,
+            "containers_removed": containers,
             "cgroups_removed": cgroups,
             "cells_marked_killed": cells,
             "spool_files_removed": spooled,

@@ -13,7 +13,8 @@ stdin/stdout through the engine's attach stream (no host socket, no network).
 * ``Sandbox(backend=DockerBackend(runtime="runsc"))``: gVisor (or ``kata-runtime``).
 * ``Sandbox(backend="podman")``: Podman (rootful), through its API socket.
 * :func:`cleanup_orphans`: remove sandlot containers whose creator is gone (servers
-  call it at start-up); :class:`ContainerPool` (:mod:`._pool`) keeps warm sandboxes.
+  call it at start-up). ``Sandbox(backend=..., pool=sandlot.Pool(...))`` keeps warm
+  containers: started, runner up, data stack imported.
 """
 
 from __future__ import annotations
@@ -204,6 +205,9 @@ class _ContainerBackend(Backend):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(runtime={self.runtime!r})"
 
+    def pool_key(self) -> tuple[object, ...]:
+        return (self.name, self.runtime, self.cpus, engine_url(self.kind))
+
     # --- images -----------------------------------------------------------------------
     def ensure_image(self, template: str) -> str:
         engine = _engine_for(self.kind)
@@ -306,7 +310,8 @@ class _ContainerBackend(Backend):
                 process.wait(timeout=30)
             host_sock.close()
             raise
-        configure = {"type": "configure", "id": "configure", "config": runner_config(spec)}
+        config = runner_config(spec, self.runtime)
+        configure = {"type": "configure", "id": "configure", "config": config}
         with contextlib.suppress(OSError):  # reported by wait_ready with stderr
             host_sock.sendall(encode(configure))
         memory = spec.resources.memory_mb

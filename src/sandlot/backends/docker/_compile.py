@@ -19,7 +19,13 @@ What the container gets (see SECURITY.md and docs/docker.md for what it does *no
   also forbids new user namespaces and every mount call (Podman's default allows them);
 * whole-sandbox cgroup limits: memory (swap off), pids and CPU; plus the runner's
   per-process rlimits, the same as under bubblewrap;
-* no host mounts but the runner and protocol packages, read-only;
+* no host mounts but the runner and protocol packages, read-only, and sandlot's own
+  neutral ``/etc/hosts`` and (empty) ``/etc/resolv.conf`` in place of the engine's,
+  which copy the host's name servers;
+* an empty, read-only ``/sys`` (bubblewrap mounts none): neither the host's devices
+  nor the cgroup tree are readable. The template image has no ``/root``, ``/var`` or
+  ``/run`` and no setuid bit (:mod:`._image_build`); what Podman mounts there anyway
+  is masked;
 * the supervisor as pid 1: it reaps orphans like an init, and, being the pid
   namespace's init, cannot be signalled by the code it supervises. An engine init
   (``--init``, tini) would make the supervisor pid 2, which user code running as
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sandlot.backends._runner_config import EGRESS_SOCKET_GUEST, egress_env
@@ -58,6 +65,21 @@ LABEL_OWNER = "org.sandlot.owner"
 LABEL_POOL = "org.sandlot.pool"
 """Set on containers started ahead of time by a warm pool."""
 
+ETC_DIR = str(Path(__file__).parent / "etc")
+"""sandlot's own ``/etc`` files for containers, shipped in this package."""
+ETC_FILES = ("hosts", "resolv.conf")
+"""Files of ``ContainerLayout.etc_dir`` bound over the engine's own in ``/etc``: the
+engine's resolv.conf lists the host's name servers, and code needs to learn nothing
+of them (there is no network to use them on)."""
+SYS_TMPFS = "ro,nosuid,nodev,noexec,mode=0555,size=4096"
+"""Docker: an empty read-only tmpfs in place of sysfs at ``/sys`` (a user mount there
+replaces the engine's sysfs, under runc and runsc alike; the cgroup mounts runc still
+makes below it stay hidden under the tmpfs)."""
+PODMAN_MASKED = ("/sys", "/run", "/var")
+"""Podman: masked with empty read-only tmpfs (``mask=`` in ``SecurityOpt``; its API
+ignores ``Tmpfs`` ordering and ``MaskedPaths``): sysfs, and the writable tmpfs it mounts
+on ``/run`` and ``/var/tmp`` for a read-only root."""
+
 RUNNER_MEMORY_HEADROOM_MB = 256
 """Added to ``memory_mb`` for the container's cgroup: the supervisor, the page cache
 of the template and small tmpfs files live there too. A single process still gets
@@ -65,6 +87,14 @@ of the template and small tmpfs files live there too. A single process still get
 RUNNER_PIDS_HEADROOM = 0
 """Added to ``pids`` for the cgroup. None: as under bwrap, ``pids`` bounds the whole
 sandbox, the supervisor's threads included."""
+GVISOR = "runsc"
+GVISOR_HOST_TASKS_BASE = 128
+GVISOR_HOST_TASKS_PER_PID = 10
+"""Under gVisor the cgroup's ``pids.max`` counts the runsc Sentry's host tasks, not the
+sandbox's: about 60 when idle, and about 8 more per sandbox process on the ptrace
+platform (its stub). A bound of ``base + per_pid * pids`` keeps the host safe; the
+sandbox's own limit is RLIMIT_NPROC (see :func:`runner_config`). A bomb that met the
+host bound first would end the whole sandbox (the Go runtime cannot start a thread)."""
 DEFAULT_NPROC_HARD = 4096
 """RLIMIT_NPROC the container starts with. Engines otherwise copy the daemon's
 (often unlimited) value, which Podman cannot set without CAP_SYS_RESOURCE. The
@@ -82,6 +112,8 @@ class ContainerLayout:
     """Host directory of :mod:`sandlot.protocol`, mounted read-only."""
     runner_dir: str
     """Host directory of :mod:`sandlot.runner`, mounted read-only."""
+    etc_dir: str = ETC_DIR
+    """Host directory holding the neutral ``hosts`` and ``resolv.conf`` (:data:`ETC_FILES`)."""
     seccomp: str
     """The seccomp profile: JSON text (Docker) or a host path (Podman), as the engine
     expects it after ``seccomp=`` in ``SecurityOpt``."""
@@ -103,13 +135,23 @@ class ContainerLayout:
     spec has a network policy, mounted read-only at ``EGRESS_SOCKET_GUEST``."""
 
 
-def runner_config(spec: SandboxSpec) -> dict[str, object]:
+def runner_config(spec: SandboxSpec, runtime: str | None = None) -> dict[str, object]:
     """The runner's ``configure`` message body: the same limits as under bubblewrap,
     except RLIMIT_NPROC, which the cgroup's ``pids.max`` replaces (see
-    :data:`DEFAULT_NPROC_HARD`)."""
+    :data:`DEFAULT_NPROC_HARD`).
+
+    Under gVisor (``runtime="runsc"``) it is the other way round: the sandbox runs on
+    gVisor's own kernel, where uid 1000 has no processes but this sandbox's, so
+    RLIMIT_NPROC = ``pids`` is the exact per-sandbox limit (enforced by gVisor), and
+    the cgroup bounds only the Sentry's host tasks (:data:`GVISOR_HOST_TASKS_PER_PID`)."""
     # The caller's envs win over the proxy settings (their choice to break them).
     envs = {**egress_env(spec), **spec.envs}
-    return shared_runner_config(spec, channel_fd=0, cgroup_limits=True, envs=envs)
+    config = shared_runner_config(spec, channel_fd=0, cgroup_limits=True, envs=envs)
+    if runtime == GVISOR:
+        rlimits = config["rlimits"]
+        assert isinstance(rlimits, dict)
+        rlimits["nproc"] = spec.resources.pids
+    return config
 
 
 def guest_env() -> list[str]:
@@ -166,6 +208,7 @@ def build_create_body(spec: SandboxSpec, layout: ContainerLayout) -> dict[str, A
         "Mounts": [
             _ro_bind(layout.protocol_dir, f"{LIB_GUEST}/sandlot/protocol"),
             _ro_bind(layout.runner_dir, f"{LIB_GUEST}/sandlot/runner"),
+            *(_ro_bind(f"{layout.etc_dir}/{name}", f"/etc/{name}") for name in ETC_FILES),
         ],
         "Ulimits": _ulimits(r.open_files),
         "LogConfig": {"Type": "none", "Config": {}},
@@ -175,11 +218,17 @@ def build_create_body(spec: SandboxSpec, layout: ContainerLayout) -> dict[str, A
         # supervisor reads EOF on stdin and exits, and the engine removes the rest.
         "AutoRemove": True,
     }
+    if layout.engine == "podman":
+        host["SecurityOpt"].append("mask=" + ":".join(PODMAN_MASKED))
+    else:
+        host["Tmpfs"]["/sys"] = SYS_TMPFS
     if r.memory_mb is not None:
         memory = (r.memory_mb + RUNNER_MEMORY_HEADROOM_MB) * MiB
         host["Memory"] = memory
         host["MemorySwap"] = memory  # equal to Memory: no swap
-    if r.pids is not None:
+    if r.pids is not None and layout.runtime == GVISOR:
+        host["PidsLimit"] = GVISOR_HOST_TASKS_BASE + GVISOR_HOST_TASKS_PER_PID * r.pids
+    elif r.pids is not None:
         host["PidsLimit"] = r.pids + RUNNER_PIDS_HEADROOM
     if layout.cpus is not None:
         host["NanoCpus"] = int(layout.cpus * 1e9)
