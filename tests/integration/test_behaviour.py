@@ -332,6 +332,27 @@ def test_memory_bomb_is_out_of_memory_and_sandbox_survives(
     assert _ok(sbx.run_code("import numpy; int(numpy.arange(4).sum())")).text == "6"
 
 
+def test_a_system_call_out_of_memory_is_out_of_memory_and_variables_stay(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    # A system call that finds no memory (here mmap past the address-space limit; in a
+    # cell whose subprocesses fill the sandbox's cgroup, any call that allocates in the
+    # kernel) raises OSError(ENOMEM), not MemoryError. It is the same limit: the cell
+    # says so, and since Python's own state is intact the kernel and its variables stay.
+    sbx = make_sandbox(resources={"memory_mb": 512})
+    _ok(sbx.run_code("kept = 'still here'"))
+    execution = sbx.run_code("import mmap\nprint('before')\nmmap.mmap(-1, 8 * 1024**3)")
+    assert execution.status == "oom", execution
+    assert execution.error is not None and execution.error.name == "OutOfMemoryError"
+    assert "Cannot allocate memory" in execution.error.value
+    assert "512 MiB" in execution.error.value and "kept" in execution.error.value
+    assert "mmap.mmap" in execution.error.traceback  # the user's own frame
+    assert execution.logs.stdout == ["before\n"]
+    assert _ok(sbx.run_code("kept")).text == "'still here'"
+    other = sbx.run_code("open('/no/such/file')")  # other OSErrors keep their own name
+    assert other.error is not None and other.error.name == "FileNotFoundError"
+
+
 def test_os_exit_is_kernel_died_and_the_context_recovers(fresh_sandbox: Sandbox) -> None:
     _ok(fresh_sandbox.run_code("lost = 1"))
     fresh_sandbox.files.write("kept.txt", "still here")

@@ -17,6 +17,7 @@ import ast
 import builtins
 import contextlib
 import ctypes
+import errno
 import gc
 import importlib
 import importlib.abc
@@ -302,7 +303,13 @@ class Kernel:
             try:
                 self.flush_streams()
             finally:
-                self.emit({"type": "exit", "status": status, "execution_count": self.count})
+                exit_event = {"type": "exit", "status": status, "execution_count": self.count}
+                if status == "oom-kept":
+                    # Out of memory in a system call: the interpreter is sound, so the
+                    # kernel and its variables stay (the supervisor must not wait for
+                    # a fresh kernel).
+                    exit_event.update(status="oom", kept=True)
+                self.emit(exit_event)
                 self.current_id = None
         if status == "oom":
             # The interpreter may be in a bad state after MemoryError; the supervisor
@@ -352,6 +359,22 @@ class Kernel:
         except KeyboardInterrupt as exc:
             self._report(exc)
             return "interrupted"
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM:
+                self._report(exc)
+                return "error"
+            # A system call found no memory: the sandbox's cgroup is full (other
+            # processes of the cell filled it) or the address-space limit was reached.
+            # The same outcome as MemoryError, but Python's own state is intact.
+            limit = self.config.get("memory_mb")
+            self._report(
+                exc,
+                name="OutOfMemoryError",
+                value="the cell ran out of memory (%s; the limit is %s MiB per process and "
+                "for the sandbox as a whole); variables from earlier cells are kept"
+                % (exc, limit or "?"),
+            )
+            return "oom-kept"
         except BaseException as exc:  # user code may raise anything, SystemExit included
             self._report(exc)
             return "error"
@@ -364,7 +387,9 @@ class Kernel:
             return asyncio.run(eval(code, self.namespace))
         return eval(code, self.namespace)
 
-    def _report(self, exc: BaseException) -> None:
+    def _report(
+        self, exc: BaseException, name: Optional[str] = None, value: Optional[str] = None
+    ) -> None:
         with contextlib.suppress(Exception):
             self.flush_figures()
         self.flush_streams()
@@ -376,8 +401,8 @@ class Kernel:
         self.emit(
             {
                 "type": "error",
-                "name": type(exc).__name__,
-                "value": str(exc),
+                "name": name or type(exc).__name__,
+                "value": str(exc) if value is None else value,
                 "traceback": "".join(lines),
             }
         )

@@ -1094,7 +1094,7 @@ class KernelProcess:
             status = message.get("status")
             if cell.timed_out and status in ("interrupted", "error"):
                 status = "timeout"
-            if status == "oom":
+            if status == "oom" and message.get("kept") is not True:
                 # The kernel exits right after this; finish only once a fresh kernel
                 # is in place, so the next cell cannot reach the dying one.
                 cell.pending_exit = (status, message.get("execution_count"))
