@@ -27,8 +27,10 @@ files, limits, cgroup, seccomp filter and uid as in a sandbox started on demand.
 A sandbox leaves the pool once, to one caller, and is never returned to it: a used
 sandbox is killed as usual.
 
-Refill. A background thread starts sandboxes, one at a time, until each key that was
-used (or warmed) within ``ttl`` seconds has ``size`` ready ones. A ready sandbox idle
+Refill. Background threads start sandboxes, up to ``starts`` at a time (by default
+one per CPU, at most four: a start mostly waits on the kernel and the sandbox, so a
+single thread would cap a pool at one start's latency), until each key that was used
+(or warmed) within ``ttl`` seconds has ``size`` ready ones. A ready sandbox idle
 for ``ttl`` seconds is killed and, if its key is idle too, not replaced, so a pool
 for keys nobody asks for shrinks to nothing. A miss (no ready sandbox) starts one on
 the caller's thread with the same spec, so it behaves exactly like a hit, only later.
@@ -40,6 +42,7 @@ import atexit
 import collections
 import dataclasses
 import logging
+import os
 import threading
 import time
 import weakref
@@ -55,6 +58,7 @@ log = logging.getLogger("sandlot.pool")
 
 DEFAULT_SIZE = 2
 DEFAULT_TTL = 300.0
+MAX_DEFAULT_STARTS = 4
 RETRY_MAX = 30.0
 """Longest pause, seconds, between background starts that keep failing."""
 
@@ -72,7 +76,7 @@ class PoolStats:
     size: int = 0
     """Ready sandboxes now."""
     starting: int = 0
-    """Sandboxes the refill thread is starting now."""
+    """Sandboxes the refill threads are starting now."""
     expired: int = 0
     """Ready sandboxes killed after ``ttl`` idle seconds, or found dead."""
     failed: int = 0
@@ -106,6 +110,8 @@ class Pool:
     :param preload: modules each pooled sandbox imports in its default kernel before
         it counts as ready (default :data:`DATA_STACK`; ``()`` for none).
     :param backend: the backend :meth:`warm` starts on (``Sandbox`` passes its own).
+    :param starts: background starts that may run at once (default: one per CPU, at
+        most four).
     """
 
     def __init__(
@@ -115,14 +121,20 @@ class Pool:
         ttl: float | None = DEFAULT_TTL,
         preload: Iterable[str] = DATA_STACK,
         backend: str | Backend = "auto",
+        starts: int | None = None,
     ) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise InvalidArgumentError(f"pool size must be an integer >= 0, not {size!r}")
         if ttl is not None and (isinstance(ttl, bool) or not ttl > 0):
             raise InvalidArgumentError(f"pool ttl must be a positive number or None, not {ttl!r}")
+        if starts is None:
+            starts = max(1, min(MAX_DEFAULT_STARTS, os.cpu_count() or 1))
+        if not isinstance(starts, int) or isinstance(starts, bool) or starts < 1:
+            raise InvalidArgumentError(f"pool starts must be an integer >= 1, not {starts!r}")
         if isinstance(preload, str):
             raise InvalidArgumentError("preload must be a collection of module names")
         self.size = size
+        self.starts = starts
         self.ttl = None if ttl is None else float(ttl)
         # Validated here (PolicyError) rather than on the first start in the background.
         self.preload = SandboxSpec(preload=tuple(preload)).preload
@@ -131,7 +143,7 @@ class Pool:
         self._buckets: dict[_PoolKey, _Bucket] = {}
         self._hits = self._misses = self._expired = self._failed = 0
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         _OPEN.add(self)
 
     # --- public -------------------------------------------------------------------------
@@ -204,12 +216,13 @@ class Pool:
             for bucket in self._buckets.values():
                 bucket.ready.clear()
             self._cond.notify_all()
-            thread = self._thread
+            threads = list(self._threads)
         for handle in handles:
             handle.kill()
-        if thread is not None and thread is not threading.current_thread():
-            # A start in progress finishes first; its sandbox is then killed.
-            thread.join()
+        for thread in threads:
+            if thread is not threading.current_thread():
+                # A start in progress finishes first; its sandbox is then killed.
+                thread.join()
         _OPEN.discard(self)
 
     def __enter__(self) -> Pool:
@@ -234,9 +247,12 @@ class Pool:
         return bucket
 
     def _wake(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._refill, name="sandlot-pool", daemon=True)
-            self._thread.start()
+        # Started on first use: a pool nobody uses keeps no threads.
+        while len(self._threads) < self.starts:
+            name = f"sandlot-pool-{len(self._threads)}"
+            thread = threading.Thread(target=self._refill, name=name, daemon=True)
+            self._threads.append(thread)
+            thread.start()
         self._cond.notify_all()
 
     def _wanted(self, bucket: _Bucket, now: float) -> bool:
@@ -269,6 +285,7 @@ class Pool:
 
     # --- the refill thread ------------------------------------------------------------------
     def _refill(self) -> None:
+        """One of up to ``starts`` refill threads: each takes the next wanted start."""
         while True:
             bucket: _Bucket | None = None
             with self._cond:

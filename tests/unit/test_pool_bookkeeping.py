@@ -181,7 +181,7 @@ class _Flaky(FakeBackend):
         self.attempts = 0
 
     def start(self, spec: SandboxSpec) -> FakeHandle:
-        if threading.current_thread().name == "sandlot-pool":
+        if threading.current_thread().name.startswith("sandlot-pool"):
             self.attempts += 1
             if self.fail.is_set():
                 raise OSError("no room")
@@ -272,3 +272,47 @@ def test_pool_true_uses_one_process_wide_pool(
         assert backend.handles[0].spec.preload == DATA_STACK
     finally:
         pool_module.default_pool().close()
+
+
+class _Gated(FakeBackend):
+    """Background starts wait at a gate, so the test can count how many run at once."""
+
+    def __init__(self) -> None:
+        super().__init__(echo_handler)
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+
+    def start(self, spec: SandboxSpec) -> FakeHandle:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            self.gate.wait(10)
+            return super().start(spec)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_background_starts_run_concurrently_up_to_the_limit() -> None:
+    # One start's latency must not cap a pool's refill rate: with starts=3 and size=5,
+    # three starts are in flight together, never a fourth.
+    gated = _Gated()
+    with Pool(size=5, starts=3, backend=gated) as pool:
+        pool.warm()
+        _until(lambda: pool.stats().starting == 3 and gated.running == 3, "three starts")
+        time.sleep(0.1)
+        assert gated.most == 3 and pool.stats().starting == 3
+        gated.gate.set()
+        _filled(pool, 5)
+        assert gated.most == 3
+
+
+def test_starts_defaults_to_the_cpus_and_is_checked() -> None:
+    with Pool(backend=FakeBackend(echo_handler)) as pool:
+        assert 1 <= pool.starts <= 4
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(InvalidArgumentError, match="starts"):
+            Pool(starts=bad)  # type: ignore[arg-type]
