@@ -224,10 +224,11 @@ DENIED: tuple[Denial, ...] = (
 """Every denial, in the order SECURITY.md lists them."""
 
 
-ZYGOTE_SETUP: frozenset[str] = frozenset({"mount", "unshare", "sethostname"})
+ZYGOTE_SETUP: frozenset[str] = frozenset({"mount", "unshare", "setns", "sethostname"})
 """Denied in every sandbox, allowed in the zygote (``sandlot.runner._zygote``): it needs
-them to give each sandbox it forks fresh namespaces, mounts and a hostname. It runs no
-user code, and every sandbox installs the full filter on top before any runs."""
+them to give each sandbox it forks fresh namespaces (``setns`` returns it to its own pid
+namespace after each), mounts and a hostname. It runs no user code, and every sandbox
+installs the full filter on top before any runs."""
 
 
 def zygote_denials() -> tuple[Denial, ...]:

@@ -160,8 +160,9 @@ def test_one_slow_fork_does_not_leave_the_zygote_unusable(
         make(backend).run_code("1")  # the zygote is up
         bwrap = _zygote.zygote_for("python-data", preload)._process
         assert bwrap is not None
-        children = Path(f"/proc/{bwrap.pid}/task/{bwrap.pid}/children").read_text().split()
-        zygote_pid = int(children[0])
+        # bubblewrap's child, then the zygote proper in its own pid namespace.
+        outer = int(Path(f"/proc/{bwrap.pid}/task/{bwrap.pid}/children").read_text().split()[0])
+        zygote_pid = int(Path(f"/proc/{outer}/task/{outer}/children").read_text().split()[0])
         os.kill(zygote_pid, signal.SIGSTOP)
         try:
             with pytest.raises(SandboxStartError):

@@ -1,11 +1,18 @@
 """The zygote: a fork server that makes sandboxes with the data stack already imported.
 
 Started by the host inside a bubblewrap sandbox of its own (read-only template root,
-no network, uid 1000, the sandbox seccomp filter minus ``mount``, ``unshare`` and
-``sethostname``), as ``python -I -c <bootstrap> zygote --fd N --filter-fd M``, with
+no network, uid 1000, the sandbox seccomp filter minus ``mount``, ``unshare``,
+``setns`` and ``sethostname``), as ``python -I -c <bootstrap> zygote --fd N --filter-fd M``, with
 CAP_SYS_ADMIN, CAP_NET_ADMIN and CAP_SETPCAP in *its own* user namespace and none on
 the host. It imports the preload modules once, freezes them out of the garbage
 collector, says ``ready`` and then only forks. It never runs user code.
+
+It first moves into a pid namespace of its own (``unshare`` and one fork, before any
+import). That namespace belongs to the user namespace the zygote holds CAP_SYS_ADMIN
+in, unlike bubblewrap's, so the zygote can point ``pid_for_children`` at a fresh pid
+namespace, fork the new sandbox's pid 1 straight into it, and ``setns`` back for the
+next one: a sandbox costs one fork of the zygote, not two (a fork and the exit of a
+process with the data stack mapped each cost milliseconds of page-table work).
 
 Control channel (fd N, a SOCK_SEQPACKET socket to the host; one JSON object per
 packet)::
@@ -18,8 +25,8 @@ packet)::
 
 What one ``spawn`` does, in the new sandbox's first process (its pid 1):
 
-1. fresh mount, pid, network, ipc and uts namespaces (the parent forks once more so
-   that the sandbox's first process is pid 1 of the new pid namespace);
+1. a fresh pid namespace (made by the zygote, which forks the sandbox's first process
+   into it as its pid 1), then fresh mount, network, ipc and uts namespaces;
 2. a private tmpfs at every writable place (``/home/user``, ``/tmp``, ``/dev/shm``),
    its own ``/dev/pts`` instance, a new ``/proc`` for the new pid namespace (with
    bubblewrap's read-only covers), the hostname, loopback up;
@@ -147,6 +154,7 @@ def main(argv: List[str]) -> int:
         sys.stderr.write("sandlot zygote: no seccomp program for the sandboxes\n")
         return 70
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    own_pid_ns = _enter_own_pid_namespace(control)
     configure = json.loads(control.recv(MAX_PACKET) or b"null")
     if not isinstance(configure, dict) or configure.get("type") != "configure":
         sys.stderr.write("sandlot zygote: expected a configure message first\n")
@@ -154,8 +162,7 @@ def main(argv: List[str]) -> int:
     _preload([str(name) for name in configure.get("preload") or []])
     sys.stdout.flush()
     sys.stderr.flush()
-    # Orphans of the sandboxes' intermediate processes are re-parented to this process
-    # (pid 1 of the zygote's pid namespace): reap them as they come.
+    # Every sandbox's pid 1 is a child of this process: reap them as they end.
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
@@ -189,7 +196,10 @@ def main(argv: List[str]) -> int:
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
         try:
             request = json.loads(data)
-            _serve(control, request, list(fds), program)
+            _serve(control, request, list(fds), program, own_pid_ns)
+        except ZygoteBroken as exc:
+            sys.stderr.write("sandlot zygote: %s\n" % exc)
+            return 70  # the host starts a new zygote
         except Exception as exc:  # a bad request must not take the zygote down
             rid = request.get("id") if isinstance(request, dict) else None
             control.send(json.dumps({"type": "failed", "id": rid, "message": repr(exc)}).encode())
@@ -197,6 +207,29 @@ def main(argv: List[str]) -> int:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+class ZygoteBroken(Exception):
+    """The zygote cannot make further sandboxes safely: it exits, the host restarts it."""
+
+
+def _enter_own_pid_namespace(control: socket.socket) -> int:
+    """Continue as pid 1 of a new pid namespace; return a descriptor of it.
+
+    The process bubblewrap started stays behind, small (nothing is imported yet), and
+    only waits for the zygote to end, then ends the same way."""
+    _check(_libc.unshare(CLONE_NEWPID), "unshare pid namespace")
+    pid = os.fork()
+    if pid != 0:
+        control.close()
+        while True:
+            try:
+                done, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                os._exit(70)
+            if done == pid:
+                os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
 
 def _read_all(fd: int) -> bytes:
@@ -237,13 +270,26 @@ def _reap() -> None:
             return
 
 
-def _serve(control: socket.socket, request: Dict[str, Any], fds: List[int], program: bytes) -> None:
+def _serve(
+    control: socket.socket,
+    request: Dict[str, Any],
+    fds: List[int],
+    program: bytes,
+    own_pid_ns: int,
+) -> None:
     if request.get("type") != "spawn" or len(fds) != 1:
         raise ValueError("expected a spawn request with one descriptor")
     rid = request.get("id")
     mounts = [(str(p), None if s is None else int(s), str(m)) for p, s, m in request["mounts"]]
     hostname = str(request.get("hostname") or "sandlot")
-    pid = os.fork()
+    # The next fork lands in a new pid namespace as its pid 1; then back to our own,
+    # or the next unshare would fail (only allowed while they are the same).
+    _check(_libc.unshare(CLONE_NEWPID), "unshare pid namespace")
+    try:
+        pid = os.fork()
+    except BaseException:
+        _back_to(own_pid_ns)
+        raise
     if pid == 0:  # pragma: no cover - exercised through the host's tests
         code = 70
         try:
@@ -257,22 +303,26 @@ def _serve(control: socket.socket, request: Dict[str, Any], fds: List[int], prog
             with contextlib.suppress(BaseException):
                 os.write(2, ("sandlot zygote: sandbox setup failed: %r\n" % (exc,)).encode())
         os._exit(code)
+    _back_to(own_pid_ns)
     control.send(json.dumps({"type": "spawned", "id": rid}).encode())
+
+
+def _back_to(own_pid_ns: int) -> None:
+    if _libc.setns(own_pid_ns, CLONE_NEWPID) != 0:
+        raise ZygoteBroken(
+            "cannot return to its own pid namespace: %s" % os.strerror(ctypes.get_errno())
+        )
 
 
 # --- a new sandbox ------------------------------------------------------------------------
 
 
 def _child(channel_fd: int, mounts: List[Any], hostname: str, program: bytes) -> int:
-    """The intermediate process: new namespaces, then fork the sandbox's pid 1."""
+    """The sandbox's pid 1, just forked into its new pid namespace: the other new
+    namespaces, then :func:`_sandbox_init`."""
     _close_all_but({0, 1, 2, channel_fd})
-    _check(
-        _libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
-        "unshare",
-    )
-    if os.fork() != 0:
-        return 0  # the zygote reaps the sandbox's first process from here on
     try:
+        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
         return _sandbox_init(channel_fd, mounts, hostname, program)
     except SetupFailed as exc:
         os.write(2, ("sandlot zygote: cannot isolate the sandbox: %s\n" % exc).encode())
