@@ -439,6 +439,14 @@ class BwrapHandle(ChannelHandle):
             exit_reason=exit_reason,
         )
 
+    def kill(self) -> None:
+        # Every process of the sandbox at once: SIGKILL to pid 1 alone ends the others
+        # only after pid 1 has torn down its own address space, one after the other;
+        # together they exit in parallel and kill() returns sooner.
+        if self._cgroup is not None and self.alive:
+            self._cgroup.kill_all()
+        super().kill()
+
     def _release(self) -> None:
         if self._egress is not None:
             self._egress.close()
