@@ -20,7 +20,6 @@ import pytest
 from sandlot.backends.docker._compile import (
     LABEL,
     LABEL_OWNER,
-    LABEL_POOL,
     LIB_GUEST,
     ContainerLayout,
     build_create_body,
@@ -45,7 +44,7 @@ LAYOUT = ContainerLayout(
     labels={"org.sandlot.template": "python-data"},
 )
 PODMAN_GVISOR = replace(
-    LAYOUT, engine="podman", runtime="runsc", cpus=0.5, seccomp="/cache/seccomp/p.json", pooled=True
+    LAYOUT, engine="podman", runtime="runsc", cpus=0.5, seccomp="/cache/seccomp/p.json"
 )
 CUSTOM_SPEC = SandboxSpec(
     template="tiny",
@@ -145,11 +144,6 @@ def test_tmpfs_owner_is_spelled_per_engine() -> None:
     podman = build_create_body(SandboxSpec(), PODMAN_GVISOR)["HostConfig"]["Tmpfs"]["/home/user"]
     assert "uid=1000" in docker and "U" not in docker.split(",")
     assert "U" in podman.split(",") and "uid=1000" not in podman
-
-
-def test_pool_label() -> None:
-    assert LABEL_POOL not in build_create_body(SandboxSpec(), LAYOUT)["Labels"]
-    assert build_create_body(SandboxSpec(), PODMAN_GVISOR)["Labels"][LABEL_POOL] == "1"
 
 
 def test_runner_config_carries_envs_and_leaves_nproc_to_the_cgroup() -> None:

@@ -232,12 +232,12 @@ class _ContainerBackend(Backend):
         return self._seccomp_path
 
     # --- start ------------------------------------------------------------------------
-    def start(self, spec: SandboxSpec, *, pooled: bool = False) -> SandboxHandle:
+    def start(self, spec: SandboxSpec) -> SandboxHandle:
         if not spec.network.enabled:
-            return self._start(spec, pooled, None)
+            return self._start(spec, None)
         lease = self._egress_lease(spec)
         try:
-            return self._start(spec, pooled, lease)
+            return self._start(spec, lease)
         except BaseException:
             lease.close()
             raise
@@ -264,7 +264,7 @@ class _ContainerBackend(Backend):
         owner = (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else None
         return proxy.open(spec.sandbox_id or "sandbox", spec.network, owner)
 
-    def _start(self, spec: SandboxSpec, pooled: bool, lease: EgressLease | None) -> SandboxHandle:
+    def _start(self, spec: SandboxSpec, lease: EgressLease | None) -> SandboxHandle:
         probe = self.probe_instance()
         if not probe.available:
             raise BackendUnavailable(
@@ -286,7 +286,6 @@ class _ContainerBackend(Backend):
             runtime=self.runtime,
             cpus=self.cpus,
             engine=self.kind.name,
-            pooled=pooled,
             labels={"org.sandlot.template": spec.template},
             egress_socket=None if lease is None else lease.socket_path,
         )

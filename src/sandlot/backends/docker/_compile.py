@@ -62,7 +62,6 @@ LABEL = "org.sandlot.sandbox"
 """Every container sandlot creates carries this label (value: the sandbox id)."""
 LABEL_OWNER = "org.sandlot.owner"
 """``<host>:<pid>`` of the process that created the container, for orphan cleanup."""
-LABEL_POOL = "org.sandlot.pool"
 """Set on containers started ahead of time by a warm pool."""
 
 ETC_DIR = str(Path(__file__).parent / "etc")
@@ -127,7 +126,6 @@ class ContainerLayout:
     """CPUs the sandbox may use at once (cgroup CPU quota); None: unlimited."""
     engine: str = "docker"
     """``docker`` or ``podman``: they spell a tmpfs's owner differently."""
-    pooled: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels (e.g. the template name)."""
     egress_socket: str | None = None
@@ -189,8 +187,6 @@ def build_create_body(spec: SandboxSpec, layout: ContainerLayout) -> dict[str, A
         LABEL: layout.sandbox_id,
         LABEL_OWNER: layout.owner,
     }
-    if layout.pooled:
-        labels[LABEL_POOL] = "1"
     host: dict[str, Any] = {
         "NetworkMode": "none",
         "ReadonlyRootfs": True,
