@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sandlot import Sandbox
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -140,6 +142,15 @@ def is_container(sbx: Sandbox) -> bool:
 def is_gvisor(sbx: Sandbox) -> bool:
     """Whether ``sbx`` runs under gVisor (runsc): its processes are not host processes."""
     return getattr(sbx._core.backend, "runtime", None) == "runsc"
+
+
+def xfail_under_gvisor(
+    sbx: Sandbox, request: pytest.FixtureRequest, reason: str, strict: bool = True
+) -> None:
+    """Mark the running test an expected failure when ``sbx`` runs under gVisor, for
+    ``reason`` (a documented gVisor difference); elsewhere the test must pass."""
+    if is_gvisor(sbx):
+        request.applymarker(pytest.mark.xfail(strict=strict, reason=reason))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ ctypes (Python tricks), and the data stack itself.
 from __future__ import annotations
 
 import pytest
-from escape_helpers import cell_json, is_gvisor
+from escape_helpers import cell_json, xfail_under_gvisor
 
 from sandlot import Sandbox
 
@@ -76,15 +76,13 @@ print(json.dumps({"tmp": open(handle.name).read(),
 
 
 def test_subprocesses_and_shell_commands(sandbox: Sandbox, request: pytest.FixtureRequest) -> None:
-    if is_gvisor(sandbox):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="coreutils 9 (ls, stat, cp) fails under gVisor (runsc 20221219): it stats "
-                "with AT_NO_AUTOMOUNT, which gVisor's statx and fstatat refuse with EINVAL. "
-                "See docs/docker.md",
-            )
-        )
+    xfail_under_gvisor(
+        sandbox,
+        request,
+        "coreutils 9 (ls, stat, cp) fails under gVisor (runsc 20221219): it stats "
+        "with AT_NO_AUTOMOUNT, which gVisor's statx and fstatat refuse with EINVAL. "
+        "See docs/docker.md",
+    )
     execution = sandbox.run_code(
         "import subprocess, sys\n"
         "subprocess.run(['ls', '/home/user'], capture_output=True, check=True).returncode, "

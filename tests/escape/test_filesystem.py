@@ -25,9 +25,9 @@ from escape_helpers import (
     PROJECT,
     cell_json,
     is_container,
-    is_gvisor,
     wait_until,
     with_marker,
+    xfail_under_gvisor,
 )
 
 import sandlot
@@ -522,15 +522,13 @@ def test_a_symlink_swapped_in_mid_operation_cannot_escape(
     # directory swapped for an outward symlink between the path check and the open.
     # Checked by hand: with that check removed, reads returned the runner's source
     # within a few hundred attempts.
-    if is_gvisor(fresh_sandbox):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="gVisor (runsc 20221219) refuses renameat2's RENAME_EXCHANGE (EINVAL), so "
-                "the attacker's atomic swap never happens and the control (some reads refused "
-                "mid-swap) fails: the attack cannot be mounted there",
-            )
-        )
+    xfail_under_gvisor(
+        fresh_sandbox,
+        request,
+        "gVisor (runsc 20221219) refuses renameat2's RENAME_EXCHANGE (EINVAL), so "
+        "the attacker's atomic swap never happens and the control (some reads refused "
+        "mid-swap) fails: the attack cannot be mounted there",
+    )
     sbx = fresh_sandbox
     sbx.files.write("racer.py", RACE)
     sbx.run_code(

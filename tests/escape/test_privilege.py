@@ -26,6 +26,7 @@ from escape_helpers import (
     is_container,
     is_gvisor,
     parent_and_state,
+    xfail_under_gvisor,
 )
 
 from sandlot import Sandbox
@@ -281,15 +282,13 @@ def test_user_code_cannot_signal_the_supervisor(
     # The supervisor is pid 1 of the sandbox's pid namespace and leaves every signal at
     # SIG_DFL: the kernel drops them all, SIGKILL and SIGSTOP included, when they come
     # from inside. Only the host (from outside the namespace) can end it.
-    if is_gvisor(fresh_sandbox):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="gVisor (runsc 20221219) delivers SIGKILL from inside the sandbox to "
-                "its pid 1: code can end its own sandbox (SandboxLost; a fresh one starts on "
-                "the next call). See docs/docker.md",
-            )
-        )
+    xfail_under_gvisor(
+        fresh_sandbox,
+        request,
+        "gVisor (runsc 20221219) delivers SIGKILL from inside the sandbox to "
+        "its pid 1: code can end its own sandbox (SandboxLost; a fresh one starts on "
+        "the next call). See docs/docker.md",
+    )
     fresh_sandbox.files.write("before.txt", "x")
     if is_container(fresh_sandbox):
         # The container's first process is the supervisor (no engine init); its host
@@ -366,16 +365,14 @@ def test_the_host_channel_cannot_be_stolen(
     # code with the same uid can neither reach the channel through /proc/1/fd, nor read
     # its environment or memory, which no syscall filter could tell apart from an
     # ordinary open().
-    if is_gvisor(fresh_sandbox):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="gVisor (runsc 20221219) ignores the supervisor's PR_SET_DUMPABLE 0 for "
-                "/proc/1/fd and /proc/1/environ: same-uid code can open the supervisor's "
-                "stdin/stdout, the host channel (the host still validates and caps every "
-                "message; /proc/1/mem and ptrace stay refused). See docs/docker.md",
-            )
-        )
+    xfail_under_gvisor(
+        fresh_sandbox,
+        request,
+        "gVisor (runsc 20221219) ignores the supervisor's PR_SET_DUMPABLE 0 for "
+        "/proc/1/fd and /proc/1/environ: same-uid code can open the supervisor's "
+        "stdin/stdout, the host channel (the host still validates and caps every "
+        "message; /proc/1/mem and ptrace stay refused). See docs/docker.md",
+    )
     fresh_sandbox.files.write("before.txt", "x")
     report = cell_json(fresh_sandbox, STEAL_CHANNEL)
     assert report["supervisor"] == 1

@@ -11,7 +11,7 @@ import json
 import socket
 
 import pytest
-from escape_helpers import cell_json, is_gvisor, nothing_accepted
+from escape_helpers import cell_json, nothing_accepted, xfail_under_gvisor
 
 from sandlot import Sandbox
 
@@ -81,15 +81,13 @@ print(json.dumps(outcome))
 def test_ctypes_calling_libc_directly_is_refused_by_the_os(
     sandbox: Sandbox, request: pytest.FixtureRequest
 ) -> None:
-    if is_gvisor(sandbox):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="gVisor (runsc 20221219) delivers SIGKILL from inside the sandbox to its "
-                "pid 1 (kill(1, SIGKILL) here): code can end its own sandbox (SandboxLost). "
-                "See docs/docker.md",
-            )
-        )
+    xfail_under_gvisor(
+        sandbox,
+        request,
+        "gVisor (runsc 20221219) delivers SIGKILL from inside the sandbox to its "
+        "pid 1 (kill(1, SIGKILL) here): code can end its own sandbox (SandboxLost). "
+        "See docs/docker.md",
+    )
     # Proves: native code gets no further than Python code. Would fail outside the
     # sandbox as root, where open("/etc/shadow") returns a descriptor and mount works.
     outcome = cell_json(sandbox, CTYPES_LIBC)

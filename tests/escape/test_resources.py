@@ -32,6 +32,7 @@ from escape_helpers import (
     wait_until,
     with_marker,
     with_marker_inside,
+    xfail_under_gvisor,
 )
 
 import sandlot
@@ -81,17 +82,16 @@ def test_fork_bomb_ends_as_a_timeout_and_is_cleaned_up(
     # (the host's process table fills) or without the backstop (run_code hangs).
     # Under gVisor the limit is RLIMIT_NPROC in gVisor's own kernel (see _compile.py).
     sbx = make_sandbox(resources={"pids": 64})
-    if is_gvisor(sbx):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=False,  # which comes first depends on the host's load
-                reason="gVisor's ptrace platform runs ~30 host tasks per spinning sandbox "
-                "process: at the sandbox's own limit (RLIMIT_NPROC) the runsc Sentry can meet "
-                "the host cgroup's bound (128 + 10 x pids) before the cell's timeout, exit "
-                "(status 2) and come back as SandboxLostError, not TimeoutError; the host "
-                "stays protected either way",
-            )
-        )
+    xfail_under_gvisor(
+        sbx,
+        request,
+        "gVisor's ptrace platform runs ~30 host tasks per spinning sandbox "
+        "process: at the sandbox's own limit (RLIMIT_NPROC) the runsc Sentry can meet "
+        "the host cgroup's bound (128 + 10 x pids) before the cell's timeout, exit "
+        "(status 2) and come back as SandboxLostError, not TimeoutError; the host "
+        "stays protected either way",
+        strict=False,  # which comes first depends on the host's load
+    )
     sbx.files.write("before.txt", "kept")
     count, gone = _sandbox_processes(sbx)
     execution = sbx.run_code(FORK_BOMB, timeout=5)
@@ -190,15 +190,13 @@ def test_memory_bomb_across_processes_is_out_of_memory(
     # a typed limit and the sandbox goes on. Would fail with memory_mb=None: the workers
     # grow until the host's own OOM killer picks victims (not tried on a shared host).
     sbx = make_sandbox(resources={"memory_mb": 256})
-    if is_gvisor(sbx):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="under gVisor the memory cgroup holds the whole runsc Sentry: the "
-                "host's OOM killer ends the sandbox as a whole (SandboxLostError saying it "
-                "ran out of memory, a fresh sandbox next call), not one process in it",
-            )
-        )
+    xfail_under_gvisor(
+        sbx,
+        request,
+        "under gVisor the memory cgroup holds the whole runsc Sentry: the "
+        "host's OOM killer ends the sandbox as a whole (SandboxLostError saying it "
+        "ran out of memory, a fresh sandbox next call), not one process in it",
+    )
     sbx.run_code("kept = 'before the bomb'")
     execution = sbx.run_code(MEMORY_BOMB, timeout=60)
     stdout = "".join(execution.logs.stdout)
@@ -321,15 +319,13 @@ def test_cpu_time_limit_ends_a_spin_that_outlives_its_cell(
     # Proves RLIMIT_CPU on processes user code leaves behind: a background spinner
     # started by a cell that returned is killed by SIGXCPU/SIGKILL, not left running.
     sbx = make_sandbox(resources={"cpu_seconds": 2})
-    if is_gvisor(sbx):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="gVisor (runsc 20221219) does not enforce an inherited RLIMIT_CPU: a "
-                "child started with subprocess spins past it (one that calls setrlimit itself "
-                "is stopped); the cgroup CPU quota still bounds the sandbox. See docs/docker.md",
-            )
-        )
+    xfail_under_gvisor(
+        sbx,
+        request,
+        "gVisor (runsc 20221219) does not enforce an inherited RLIMIT_CPU: a "
+        "child started with subprocess spins past it (one that calls setrlimit itself "
+        "is stopped); the cgroup CPU quota still bounds the sandbox. See docs/docker.md",
+    )
     marker = f"sandlot-spin-{uuid.uuid4().hex}"
     execution = sbx.run_code(
         f"import subprocess, sys\nspinner = subprocess.Popen([sys.executable, '-c', "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from escape_helpers import is_gvisor
+from escape_helpers import xfail_under_gvisor
 
 from sandlot import Sandbox
 
@@ -24,14 +24,12 @@ print(subprocess.run([sys.executable, "-c", child]).returncode)
 
 
 def test_an_x32_syscall_kills_the_process(sandbox: Sandbox, request: pytest.FixtureRequest) -> None:
-    if is_gvisor(sandbox):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="gVisor has no x32 ABI: the x32 getpid fails with ENOSYS in gVisor's "
-                "kernel and the child exits 0; no host kernel filter is reached to kill it",
-            )
-        )
+    xfail_under_gvisor(
+        sandbox,
+        request,
+        "gVisor has no x32 ABI: the x32 getpid fails with ENOSYS in gVisor's "
+        "kernel and the child exits 0; no host kernel filter is reached to kill it",
+    )
     # Without the filter's architecture check the kernel answers ENOSYS (x32 off) or
     # runs getpid (x32 on), and the child exits 0. With it, the child dies of SIGSYS.
     execution = sandbox.run_code(X32_GETPID, timeout=30)
