@@ -384,18 +384,7 @@ def read_usage(version: Version, paths: Mapping[str, Path]) -> ResourceUsage:
     cgroups the engine creates."""
 
     def read(ctrl: str, name: str) -> str | None:
-        # os-level calls on a str path: this runs twice per cell, and pathlib's
-        # read_text cost ten times as much (about 1.5 ms a cell in all).
-        try:
-            fd = os.open(f"{paths[ctrl]}/{name}", os.O_RDONLY | os.O_CLOEXEC)
-        except (OSError, KeyError):
-            return None
-        try:
-            return os.read(fd, 65536).decode()
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
+        return _read_file(paths, ctrl, name)
 
     if version == 2:
         events = _keyed(read("", "memory.events"))
@@ -429,12 +418,26 @@ def memory_use(version: Version, paths: Mapping[str, Path]) -> tuple[int, int] |
         if version == 2
         else ("memory", "memory.usage_in_bytes", "memory.limit_in_bytes")
     )
+    used = _int(_read_file(paths, ctrl, used_file))
+    limit = _int(_read_file(paths, ctrl, limit_file))
+    return None if used is None or limit is None else (used, limit)
+
+
+def _read_file(paths: Mapping[str, Path], ctrl: str, name: str) -> str | None:
+    """One cgroup file's text, or None if the controller or file is missing.
+
+    os-level calls on a str path: usage is read twice per cell, and pathlib's
+    read_text cost ten times as much (about 1.5 ms a cell in all)."""
     try:
-        used = _int((paths[ctrl] / used_file).read_text())
-        limit = _int((paths[ctrl] / limit_file).read_text())
+        fd = os.open(f"{paths[ctrl]}/{name}", os.O_RDONLY | os.O_CLOEXEC)
     except (OSError, KeyError):
         return None
-    return None if used is None or limit is None else (used, limit)
+    try:
+        return os.read(fd, 65536).decode()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _keyed(text: str | None) -> dict[str, int]:
