@@ -2,10 +2,11 @@
 
 Started by the host inside a bubblewrap sandbox of its own (read-only template root,
 no network, uid 1000, the sandbox seccomp filter minus ``mount``, ``unshare``,
-``setns`` and ``sethostname``), as ``python -I -c <bootstrap> zygote --fd N --filter-fd M``, with
-CAP_SYS_ADMIN, CAP_NET_ADMIN and CAP_SETPCAP in *its own* user namespace and none on
-the host. It imports the preload modules once, freezes them out of the garbage
-collector, says ``ready`` and then only forks. It never runs user code.
+``setns`` and ``sethostname``), as
+``python -I -c <bootstrap> zygote --fd N --filter-fd M``, with CAP_SYS_ADMIN,
+CAP_NET_ADMIN and CAP_SETPCAP in *its own* user namespace and none on the host. It
+imports the preload modules once, freezes them out of the garbage collector, says
+``ready`` and then only forks. It never runs user code.
 
 It first moves into a pid namespace of its own (``unshare`` and one fork, before any
 import). That namespace belongs to the user namespace the zygote holds CAP_SYS_ADMIN
