@@ -9,7 +9,6 @@ they cannot drift in behaviour.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -26,7 +25,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, Any, Literal, ParamSpec, TypeVar, get_args, overload
+from typing import IO, TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, get_args, overload
 
 from sandlot._exceptions import (
     ContextNotFoundError,
@@ -65,6 +64,9 @@ DEFAULT_SANDBOX_TIMEOUT = 300
 """Seconds a sandbox lives unless ``timeout`` says otherwise (as E2B)."""
 REQUEST_TIMEOUT = 60.0
 """Seconds to wait for a file or context operation."""
+if TYPE_CHECKING:
+    import asyncio  # imported where an AsyncSandbox method runs: `import sandlot` stays light
+
 HOST_BACKSTOP = 5.0
 """Extra seconds the host waits past a cell's timeout (the runner's own kill takes ~1 s)
 before it stops trusting the runner and destroys the whole sandbox."""
@@ -945,6 +947,8 @@ def _on_loop(
     if inspect.iscoroutinefunction(callback):
 
         def run_async(value: Any) -> None:
+            import asyncio
+
             asyncio.run_coroutine_threadsafe(callback(value), loop).result()
 
         return run_async
@@ -965,6 +969,8 @@ def _hook_on_loop(
     coroutine_hook = hook
 
     def run_async(code: str, report: PrecheckReport) -> bool | str:
+        import asyncio
+
         future = asyncio.run_coroutine_threadsafe(coroutine_hook(code, report), loop)
         result: bool | str = future.result()
         return result
@@ -972,7 +978,15 @@ def _hook_on_loop(
     return run_async
 
 
+def _running_loop() -> asyncio.AbstractEventLoop:
+    import asyncio
+
+    return asyncio.get_running_loop()
+
+
 async def _in_thread(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    import asyncio
+
     return await asyncio.to_thread(functools.partial(function, *args, **kwargs))
 
 
@@ -1020,7 +1034,7 @@ class AsyncCommands:
         on_stdout: Callable[[OutputMessage], Any] | None = None,
         on_stderr: Callable[[OutputMessage], Any] | None = None,
     ) -> CommandResult:
-        loop = asyncio.get_running_loop()
+        loop = _running_loop()
         callbacks = Callbacks(
             on_stdout=_on_loop(loop, on_stdout), on_stderr=_on_loop(loop, on_stderr)
         )
@@ -1068,6 +1082,8 @@ class AsyncSandbox:
         pool: Pool | bool | None = None,
         network: NetworkPolicy | Mapping[str, Any] | None = None,
     ) -> AsyncSandbox:
+        import asyncio
+
         policy = _PrecheckPolicy.build(
             precheck, _hook_on_loop(asyncio.get_running_loop(), on_precheck), allowed_imports
         )
@@ -1108,7 +1124,7 @@ class AsyncSandbox:
         await self.kill()
 
     async def kill(self) -> None:
-        await asyncio.to_thread(self._core.kill)
+        await _in_thread(self._core.kill)
 
     async def is_running(self) -> bool:
         return self._core.is_running()
@@ -1128,7 +1144,7 @@ class AsyncSandbox:
         envs: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> Execution:
-        loop = asyncio.get_running_loop()
+        loop = _running_loop()
         callbacks = Callbacks(
             _on_loop(loop, on_stdout),
             _on_loop(loop, on_stderr),

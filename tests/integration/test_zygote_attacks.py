@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from sandlot import Resources, Sandbox, SandboxStartError
-from sandlot.backends import ZygoteBackend
 from sandlot.backends.bwrap import _zygote
+from sandlot.backends.bwrap._zygote import ZygoteBackend
 
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
 

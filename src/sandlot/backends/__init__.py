@@ -1,45 +1,182 @@
 """Isolation backends behind one seam (:mod:`sandlot.backends._base`).
 
-Backends are found by name in :data:`BACKENDS`. ``"auto"`` picks the strongest
-backend whose probe passes and never falls back to running code unsandboxed: if
-none is available, :class:`sandlot.BackendUnavailable` lists each reason and fix.
+Backends are plug-ins, found by name through the ``sandlot.backends`` entry-point
+group: sandlot's own are declared in its ``pyproject.toml``, and an installed package
+adds one by declaring ``name = "package.module:BackendClass"`` in the same group. A
+backend's module is imported only when that backend is asked for, so ``import
+sandlot`` loads none of them. A third-party entry point cannot take a built-in name
+(a package shadowing ``bwrap`` would silently change what "bwrap" isolates with).
+
+``"auto"`` picks the strongest backend whose probe passes and never falls back to
+running code unsandboxed: if none is available, :class:`sandlot.BackendUnavailable`
+lists each reason and fix.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandlot._exceptions import BackendUnavailable, InvalidArgumentError
-from sandlot.backends._base import Backend, Event, EventStream, Probe, SandboxHandle
-from sandlot.backends.bwrap import BwrapBackend
-from sandlot.backends.bwrap._zygote import ZygoteBackend
-from sandlot.backends.docker import DockerBackend, PodmanBackend
+from sandlot.backends._base import (
+    Backend,
+    Event,
+    EventStream,
+    Probe,
+    SandboxHandle,
+)
 
 if TYPE_CHECKING:
     from sandlot.egress import EgressProxy
 
-BACKENDS: dict[str, type[Backend]] = {
-    "bwrap": BwrapBackend,
-    "docker": DockerBackend,
-    "podman": PodmanBackend,
-    "zygote": ZygoteBackend,
-}
+GROUP = "sandlot.backends"
+"""The entry-point group backends are declared in."""
 
 __all__ = [
     "BACKENDS",
+    "GROUP",
     "Backend",
     "Event",
     "EventStream",
     "Probe",
     "SandboxHandle",
+    "backend_names",
     "get_backend",
+    "load_backend",
     "probe_all",
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    name: str
+    target: str
+    """``module:attribute``, as written in the entry point."""
+
+
+@functools.cache
+def _entries() -> dict[str, _Entry]:
+    """Every declared backend by name, sorted by name; read once per process."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, _Entry] = {}
+    for name, target in _builtin_targets().items():
+        found[name] = _Entry(name, target)
+    for point in entry_points(group=GROUP):
+        if point.name not in found:  # built-ins first; then the first on sys.path wins
+            found[point.name] = _Entry(point.name, point.value)
+    return dict(sorted(found.items()))
+
+
+def _builtin_targets() -> dict[str, str]:
+    """sandlot's own backends, as its installed metadata declares them.
+
+    An editable install made before the declarations existed has none in its metadata
+    (pip writes ``entry_points.txt`` at install time); a source checkout then reads them
+    from its ``pyproject.toml``, so the declaration there stays the only one.
+    """
+    from importlib.metadata import EntryPoints, PackageNotFoundError, distribution
+
+    try:
+        points = distribution("sandlot").entry_points.select(group=GROUP)
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        points = EntryPoints(())
+    declared = {point.name: point.value for point in points}
+    if declared:
+        return declared
+    source = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    if not source.is_file():
+        return {}
+    import tomllib
+
+    with source.open("rb") as handle:
+        project = tomllib.load(handle).get("project", {})
+    if project.get("name") != "sandlot":
+        return {}
+    table = project.get("entry-points", {}).get(GROUP, {})
+    return {str(name): str(target) for name, target in table.items()}
+
+
+def backend_names() -> list[str]:
+    """The names ``Sandbox(backend=...)`` accepts besides ``"auto"``, sorted.
+
+    Reads the declarations only; no backend module is imported.
+    """
+    return list(_entries())
+
+
+@functools.cache
+def load_backend(name: str) -> type[Backend]:
+    """The backend class registered as ``name``, imported now (and only now).
+
+    Raises :class:`sandlot.InvalidArgumentError` for a name nobody declared and
+    :class:`sandlot.BackendUnavailable` when its declaration does not lead to a
+    :class:`Backend` subclass (a broken or half-installed plug-in).
+    """
+    entry = _entries().get(name)
+    if entry is None:
+        known = ", ".join(["auto", *_entries()])
+        raise InvalidArgumentError(f"unknown backend {name!r}; known: {known}")
+    module_name, _, attribute = entry.target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name.strip())
+        for part in attribute.strip().split(".") if attribute else ():
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise BackendUnavailable(
+            f"backend {name!r} is declared as {entry.target!r} but could not be loaded: "
+            f"{type(exc).__name__}: {exc}. Fix: reinstall the package that provides it"
+        ) from exc
+    if not (isinstance(obj, type) and issubclass(obj, Backend)):
+        raise BackendUnavailable(
+            f"backend {name!r} is declared as {entry.target!r}, which is not a "
+            "sandlot.backends.Backend subclass. Fix: correct the package's entry point"
+        )
+    return obj
+
+
+class _Registry(Mapping[str, type[Backend]]):
+    """``BACKENDS``: name -> backend class, importing a class on first lookup."""
+
+    def __getitem__(self, name: str) -> type[Backend]:
+        if name not in _entries():
+            raise KeyError(name)
+        return load_backend(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_entries())
+
+    def __len__(self) -> int:
+        return len(_entries())
+
+    def __contains__(self, name: object) -> bool:
+        return name in _entries()
+
+
+BACKENDS: Mapping[str, type[Backend]] = _Registry()
+"""Every declared backend by name (lazy: looking one up imports it)."""
+
+
+def _probe(name: str) -> Probe:
+    try:
+        cls = load_backend(name)
+    except BackendUnavailable as exc:
+        return Probe(name, False, str(exc).split(". Fix: ")[0], "reinstall the package")
+    probe = cls.probe()
+    return probe if probe.name == name else _renamed(probe, name)
+
+
+def _renamed(probe: Probe, name: str) -> Probe:
+    return Probe(name, probe.available, probe.reason, probe.fix, probe.strength, probe.details)
+
+
 def probe_all() -> list[Probe]:
-    """Probe every known backend (what ``sandlot doctor`` shows)."""
-    return [cls.probe() for cls in BACKENDS.values()]
+    """Probe every declared backend (what ``sandlot doctor`` shows), in name order."""
+    return [_probe(name) for name in _entries()]
 
 
 def get_backend(name: str | Backend = "auto", *, egress: EgressProxy | None = None) -> Backend:
@@ -54,15 +191,13 @@ def get_backend(name: str | Backend = "auto", *, egress: EgressProxy | None = No
         probes = sorted(probe_all(), key=lambda p: p.strength, reverse=True)
         for probe in probes:
             if probe.available:
-                return _make(BACKENDS[probe.name], egress)
+                return _make(load_backend(probe.name), egress)
         reasons = "; ".join(f"{p.name}: {p.reason} (fix: {p.fix})" for p in probes)
         raise BackendUnavailable(
             f"no isolation backend is available on this host, and sandlot never runs code "
             f"unsandboxed. {reasons}. Run `sandlot doctor` for details."
         )
-    if name not in BACKENDS:
-        raise InvalidArgumentError(f"unknown backend {name!r}; known: auto, {', '.join(BACKENDS)}")
-    backend = _make(BACKENDS[name], egress)
+    backend = _make(load_backend(name), egress)
     probe = backend.probe()
     if not probe.available:
         raise BackendUnavailable(f"{name} backend unavailable: {probe.reason}. Fix: {probe.fix}")

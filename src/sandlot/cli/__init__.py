@@ -27,6 +27,25 @@ from sandlot.cli._mcp import mcp_command
 IMAGE_FORMATS = (("png", "png"), ("jpeg", "jpg"), ("svg", "svg"), ("pdf", "pdf"))
 
 
+class BackendChoice(click.Choice[str]):
+    """``--backend``: the names the backend registry declares (an installed plug-in
+    included), read when the option is parsed or help is shown, not when the CLI loads."""
+
+    def __init__(self, *, auto: bool = True) -> None:
+        self._auto = auto
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from sandlot.backends import backend_names
+
+        return ("auto", *backend_names()) if self._auto else tuple(backend_names())
+
+    @choices.setter
+    def choices(self, _value: object) -> None:
+        pass  # click.Choice.__init__ assigns the fixed list this type replaces
+
+
 def main() -> None:
     """Console entry point."""
     try:
@@ -103,7 +122,9 @@ def _parse_env(values: tuple[str, ...]) -> dict[str, str]:
     metavar="HOST[:PORT]",
     help="Refuse HOST even when --allow-out matches it. Repeatable.",
 )
-@click.option("--backend", default="auto", show_default=True, help="Isolation backend.")
+@click.option(
+    "--backend", type=BackendChoice(), default="auto", show_default=True, help="Isolation backend."
+)
 @click.option("--template", default="python-data", show_default=True)
 @click.option(
     "--out",

@@ -1,0 +1,74 @@
+"""The backend registry: backends are entry points, imported only when asked for.
+
+``import sandlot`` must stay light (no backend, no egress proxy, no asyncio): every
+script, CLI call and server worker pays for it. Each check runs in a fresh
+interpreter, since this test process has long since imported everything.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sandlot._exceptions import InvalidArgumentError
+from sandlot.backends import BACKENDS, backend_names, get_backend, load_backend
+from sandlot.backends.bwrap import BwrapBackend
+
+HEAVY = (
+    "asyncio",
+    "sandlot.backends.bwrap",
+    "sandlot.backends.docker",
+    "sandlot.egress",
+    "sandlot.templates",
+)
+"""Modules ``import sandlot`` must not load."""
+
+
+def _modules_after(code: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def test_import_sandlot_loads_no_backend_no_proxy_no_asyncio() -> None:
+    loaded = _modules_after("import sandlot")
+    assert "sandlot" in loaded
+    heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY))
+    assert heavy == []
+
+
+def test_listing_backends_imports_none_of_them() -> None:
+    loaded = _modules_after("from sandlot.backends import backend_names; backend_names()")
+    assert not any(
+        m.startswith(("sandlot.backends.bwrap", "sandlot.backends.docker")) for m in loaded
+    )
+
+
+def test_asking_for_one_backend_imports_only_its_package() -> None:
+    loaded = _modules_after("from sandlot.backends import load_backend; load_backend('bwrap')")
+    assert "sandlot.backends.bwrap" in loaded
+    assert "sandlot.backends.docker" not in loaded
+
+
+def test_builtins_are_declared_and_load_by_name() -> None:
+    assert {"bwrap", "docker", "podman", "zygote"} <= set(backend_names())
+    assert backend_names() == sorted(backend_names())
+    assert load_backend("bwrap") is BwrapBackend
+    assert BACKENDS["bwrap"] is BwrapBackend
+    for name in ("bwrap", "docker", "podman", "zygote"):
+        assert BACKENDS[name].name == name
+
+
+def test_an_unknown_name_is_a_typed_error_listing_the_known_ones() -> None:
+    with pytest.raises(InvalidArgumentError, match="known: auto, bwrap"):
+        get_backend("no-such-backend")
+    assert "no-such-backend" not in BACKENDS
+    with pytest.raises(KeyError):
+        BACKENDS["no-such-backend"]
