@@ -144,12 +144,20 @@ def test_backends_with_another_pool_key_never_mix(pool: Pool, backend: FakeBacke
 def test_dead_ready_sandboxes_are_skipped(pool: Pool, backend: FakeBackend) -> None:
     pool.warm()
     _filled(pool, 2)
-    for handle, _ in _ready(pool):
-        handle.kill()
-    with Sandbox(backend=backend, pool=pool) as sbx:
+    # Hold the pool's lock from the kills to the acquire: otherwise a refill thread may
+    # notice the deaths first, replace both sandboxes, and the acquire becomes a plain hit
+    # that never reaches the skip this test is about. (The lock is re-entrant, so the
+    # acquire on this thread takes it again.)
+    with pool._cond:
+        dead = [handle for handle, _ in _ready(pool)]
+        for handle in dead:
+            handle.kill()
+        sbx = Sandbox(backend=backend, pool=pool)
+    with sbx:
         assert sbx._core._handle is not None and sbx._core._handle.alive
+        assert sbx._core._handle not in dead
     stats = pool.stats()
-    assert stats.misses == 1 and stats.expired == 2
+    assert (stats.hits, stats.misses, stats.expired) == (0, 1, 2)
 
 
 def test_idle_sandboxes_expire_and_idle_keys_are_not_refilled(backend: FakeBackend) -> None:
