@@ -62,6 +62,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from sandlot.protocol import PROTOCOL_VERSION
+from sandlot.runner._processes import set_cmdline
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -246,7 +247,7 @@ def _read_all(fd: int) -> bytes:
 def _preload(names: List[str]) -> None:
     """Import the runner and the preload modules once, for every sandbox to come."""
     # Both roles every sandbox runs: its supervisor, and its kernel forked from it.
-    from sandlot.runner import _kernel, _supervisor
+    from sandlot.runner import _kernel, _supervisor  # and, through it, every runner module
 
     # The home a sandbox's kernel starts with: matplotlib reads its settings and font
     # cache from there when it is imported, which is now. Each sandbox gets its own
@@ -415,23 +416,6 @@ def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: by
     _drop_privileges(program)
     set_cmdline([*_COMMAND, "supervisor", "--fd", str(channel_fd)])
     return _supervisor.run(sock, reader, config, fork_kernel=True)
-
-
-def set_cmdline(argv: List[str]) -> None:
-    """Make ``/proc/self/cmdline`` read ``argv`` (what a cold sandbox's process shows),
-    by rewriting the argument area in place, as ps-title tools do. The area cannot
-    grow: arguments that do not fit are dropped from the end."""
-    with open("/proc/self/stat", "rb") as handle:
-        fields = handle.read().rsplit(b")", 1)[1].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (stat fields 48, 49)
-    room = end - start
-    data = b""
-    for arg in argv:
-        item = arg.encode() + b"\0"
-        if len(data) + len(item) > room:
-            break
-        data += item
-    ctypes.memmove(start, data.ljust(room, b"\0"), room)
 
 
 def _loopback_up() -> None:

@@ -1,0 +1,520 @@
+"""Code contexts: one kernel process per context, seen from the supervisor.
+
+A :class:`KernelProcess` starts its kernel (spawned as a new interpreter, or forked
+from a zygote-made supervisor that already holds the preloaded modules), listens to
+its event socket and its stdout/stderr pipes on a thread of its own, forwards a
+cell's events to the host within the cell's :class:`OutputBudget`, and enforces the
+cell's timeout (SIGINT, then a kill and a restart after the grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any, Dict, List, Optional, Protocol, Set, Tuple
+
+from sandlot.protocol import MAX_LINE_BYTES, encode
+from sandlot.runner import BOOTSTRAP
+from sandlot.runner._processes import Forked, Processes, set_cmdline, signal_all
+
+PR_SET_DUMPABLE = 4
+
+
+class Host(Protocol):
+    """What a kernel needs from the supervisor that owns it."""
+
+    config: Dict[str, Any]
+    lib: str
+    grace: float
+    output_bytes: Any
+    max_results: Any
+    result_bytes: Any
+    processes: Processes
+
+    def send(self, message: Dict[str, Any]) -> None: ...
+
+    def take_fork(self) -> bool: ...
+
+
+class OutputBudget:
+    """Per-cell accounting of stdout/stderr bytes and rich results, with markers.
+
+    ``truncated`` (reported on the exit event) is set when text was cut or a result
+    was dropped; the markers saying so are sandlot's own and bypass the text budget,
+    so a cell that already filled it still learns that its results were dropped.
+    """
+
+    def __init__(self, supervisor: Host, rid: str) -> None:
+        self.supervisor = supervisor
+        self.rid = rid
+        self.used = 0
+        self.results = 0
+        self.text_cut = False
+        self.dropped = False
+        self.lock = threading.Lock()
+
+    @property
+    def truncated(self) -> bool:
+        return self.text_cut or self.dropped
+
+    def text(self, kind: str, text: str) -> None:
+        limit = self.supervisor.output_bytes
+        with self.lock:
+            if self.text_cut:
+                return
+            size = len(text.encode("utf-8", "replace"))
+            if limit is not None and self.used + size > limit:
+                room = max(0, limit - self.used)
+                text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
+                text += (
+                    "\n[sandlot: output truncated: more than %d bytes of stdout/stderr]\n" % limit
+                )
+                self.text_cut = True
+            self.used += size
+        if text:
+            self.supervisor.send({"type": kind, "id": self.rid, "text": text})
+
+    def cut(self) -> None:
+        """Mark the text output as truncated (a line too large to even forward)."""
+        limit = self.supervisor.output_bytes
+        with self.lock:
+            if self.text_cut:
+                return
+            self.text_cut = True
+        self.supervisor.send(
+            {
+                "type": "stderr",
+                "id": self.rid,
+                "text": "\n[sandlot: output truncated: more than %s bytes of stdout/stderr]\n"
+                % (limit if limit is not None else MAX_LINE_BYTES),
+            }
+        )
+
+    def note(self, text: str) -> None:
+        """A marker about dropped results (at most one per allowed result, so bounded)."""
+        self.dropped = True
+        self.supervisor.send({"type": "stderr", "id": self.rid, "text": text})
+
+    def result(self, message: Dict[str, Any]) -> None:
+        limit = self.supervisor.max_results
+        size_limit = self.supervisor.result_bytes
+        # Size first: an oversized result is dropped without taking one of the slots.
+        if size_limit is not None and len(json.dumps(message["data"])) > size_limit:
+            self.note("[sandlot: a result larger than %d bytes was dropped]\n" % size_limit)
+            return
+        with self.lock:
+            self.results += 1
+            count = self.results
+        if limit is not None and count > limit:
+            if count == limit + 1:
+                self.note(
+                    "[sandlot: more than %d results in one cell; the rest were dropped]\n" % limit
+                )
+            else:
+                self.dropped = True
+            return
+        self.supervisor.send(message)
+
+
+def pump(stream: Any, budget: OutputBudget, kind: str) -> None:
+    while True:
+        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+        if not chunk:
+            return
+        budget.text(kind, chunk.decode("utf-8", "replace"))
+
+
+class Cell:
+    """State of the cell a kernel is running."""
+
+    def __init__(self, rid: str, budget: OutputBudget) -> None:
+        self.rid = rid
+        self.budget = budget
+        self.done = threading.Event()
+        self.finish_lock = threading.Lock()
+        self.timed_out = False
+        self.interrupted = False
+        self.pending_exit: Optional[Tuple[Any, Any]] = None
+        self.timeout = 0.0
+
+
+class KernelProcess:
+    """A kernel subprocess for one code context, and the thread that listens to it."""
+
+    def __init__(self, supervisor: Host, context_id: str, cwd: str, language: str) -> None:
+        self.supervisor = supervisor
+        self.context_id = context_id
+        self.cwd = cwd
+        self.language = language
+        self.exec_lock = threading.Lock()
+        self.state_lock = threading.RLock()
+        """Held while the kernel process is replaced, so requests see a live one."""
+        self.cell: Optional[Cell] = None
+        self.stopping = False
+        self.proc: "Optional[subprocess.Popen[bytes] | Forked]" = None
+        self.preloaded = threading.Event()
+        """Set when the kernel has imported the configured ``preload`` modules."""
+        self.launch()
+
+    def describe(self) -> Dict[str, Any]:
+        return {"id": self.context_id, "language": self.language, "cwd": self.cwd}
+
+    def launch(self) -> None:
+        ours, theirs = socket.socketpair()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        config = {
+            "memory_mb": self.supervisor.config.get("memory_mb"),
+            "rlimits": self.supervisor.config.get("rlimits") or {},
+            "preload": self.supervisor.config.get("preload") or [],
+        }
+        argv = [
+            sys.executable,
+            "-I",
+            "-c",
+            BOOTSTRAP,
+            self.supervisor.lib,
+            "kernel",
+            "--fd",
+            str(theirs.fileno()),
+            "--config",
+            json.dumps(config),
+        ]
+        try:
+            if self.supervisor.take_fork():
+                sock_fd, cwd = theirs.fileno(), self.cwd
+                self.proc = self.supervisor.processes.fork(
+                    lambda: become_kernel(sock_fd, out_w, err_w, cwd, argv)
+                )
+            else:
+                self.proc = self.supervisor.processes.spawn(
+                    argv,
+                    cwd=self.cwd,
+                    env=dict(os.environ),
+                    stdout=out_w,
+                    stderr=err_w,
+                    pass_fds=(theirs.fileno(),),
+                )
+        finally:
+            theirs.close()
+            os.close(out_w)
+            os.close(err_w)
+        self.sock = ours
+        self.pipes = {out_r: "stdout", err_r: "stderr"}
+        self.listener = threading.Thread(
+            target=self.listen, args=(self.proc, ours, out_r, err_r), daemon=True
+        )
+        self.listener.start()
+
+    # --- the listener thread ----------------------------------------------------------
+    def listen(
+        self, proc: "subprocess.Popen[bytes]", sock: socket.socket, out_r: int, err_r: int
+    ) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(sock, selectors.EVENT_READ, "sock")
+        selector.register(out_r, selectors.EVENT_READ, "stdout")
+        selector.register(err_r, selectors.EVENT_READ, "stderr")
+        # A partial line; bytes are appended and only new data is scanned for the newline,
+        # so a huge line costs linear time (it used to be quadratic: a 64 MB print took
+        # the cell past its timeout). A line past the protocol limit is dropped.
+        pending = bytearray()
+        overlong = False
+        open_pipes = {out_r, err_r}
+        sock_open = True
+        while sock_open:
+            for key, _ in selector.select():
+                if key.data == "sock":
+                    data = sock.recv(1 << 20)
+                    if not data:
+                        sock_open = False
+                        break
+                    *lines, rest = data.split(b"\n")
+                    for line in lines:
+                        if not overlong:
+                            pending += line
+                            self.on_kernel_event(bytes(pending), out_r, err_r, open_pipes)
+                        pending = bytearray()
+                        overlong = False
+                    if not overlong:
+                        pending += rest
+                    if len(pending) > MAX_LINE_BYTES:
+                        pending = bytearray()
+                        overlong = True
+                        cell = self.cell
+                        if cell is not None and not cell.done.is_set():
+                            cell.budget.cut()
+                else:
+                    fd = key.fd
+                    self.read_pipe(fd, key.data, selector, open_pipes)
+        selector.close()
+        for fd in (out_r, err_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        sock.close()
+        self.on_kernel_gone(proc)
+
+    def read_pipe(self, fd: int, kind: str, selector: Any, open_pipes: Set[int]) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            selector.unregister(fd)
+            open_pipes.discard(fd)
+            return
+        cell = self.cell
+        if cell is not None and not cell.done.is_set():
+            cell.budget.text(kind, data.decode("utf-8", "replace"))
+
+    def drain_pipes(self, open_pipes: Set[int]) -> None:
+        """Forward whatever is already in the stdout/stderr pipes (before an exit)."""
+        for fd in list(open_pipes):
+            os.set_blocking(fd, False)
+            try:
+                while True:
+                    try:
+                        data = os.read(fd, 65536)
+                    except BlockingIOError:
+                        break
+                    if not data:
+                        break
+                    cell = self.cell
+                    if cell is not None:
+                        cell.budget.text(self.pipes[fd], data.decode("utf-8", "replace"))
+            finally:
+                os.set_blocking(fd, True)
+
+    def on_kernel_event(self, line: bytes, out_r: int, err_r: int, open_pipes: Set[int]) -> None:
+        cell = self.cell
+        if cell is None or cell.done.is_set():
+            if b'"preloaded"' in line and _event_type(line) == "preloaded":
+                self.preloaded.set()
+            return
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(message, dict) or message.get("id") != cell.rid:
+            return
+        kind = message.get("type")
+        if kind in ("stdout", "stderr") and isinstance(message.get("text"), str):
+            cell.budget.text(kind, message["text"])
+        elif kind == "result":
+            cell.budget.result(message)
+        elif kind == "error":
+            if cell.timed_out and message.get("name") == "KeyboardInterrupt":
+                message = self.timeout_error(cell, restarted=False)
+            self.supervisor.send(message)
+        elif kind == "exit":
+            self.drain_pipes(open_pipes)
+            status = message.get("status")
+            if cell.timed_out and status in ("interrupted", "error"):
+                status = "timeout"
+            if status == "oom" and message.get("kept") is not True:
+                # The kernel exits right after this; finish only once a fresh kernel
+                # is in place, so the next cell cannot reach the dying one.
+                cell.pending_exit = (status, message.get("execution_count"))
+                return
+            self.finish(cell, status, message.get("execution_count"))
+
+    def timeout_error(self, cell: Cell, restarted: bool) -> Dict[str, Any]:
+        if restarted:
+            detail = "the kernel did not stop and was restarted; its variables were lost"
+        else:
+            detail = "the cell was interrupted; variables from earlier cells are kept"
+        return {
+            "type": "error",
+            "id": cell.rid,
+            "name": "TimeoutError",
+            "value": "execution timed out after %g seconds (%s)" % (cell.timeout, detail),
+            "traceback": "",
+        }
+
+    def finish(self, cell: Cell, status: Any, count: Any = None) -> None:
+        """Send the cell's one and only exit event."""
+        with cell.finish_lock:
+            if cell.done.is_set():
+                return
+            message: Dict[str, Any] = {"type": "exit", "id": cell.rid, "status": status}
+            if isinstance(count, int):
+                message["execution_count"] = count
+            if cell.budget.truncated:
+                message["truncated"] = True
+            self.supervisor.send(message)
+            cell.done.set()
+
+    def on_kernel_gone(self, proc: "subprocess.Popen[bytes]") -> None:
+        code = proc.wait()
+        self.supervisor.processes.forget(proc.pid)
+        cell = self.cell
+        report: Optional[Dict[str, Any]] = None
+        status: Any = None
+        count: Any = None
+        if cell is not None and not cell.done.is_set() and not cell.timed_out:
+            if cell.pending_exit is not None:
+                status, count = cell.pending_exit
+            else:
+                name, status, value = _death_cause(code, self.stopping)
+                report = {
+                    "type": "error",
+                    "id": cell.rid,
+                    "name": name,
+                    "value": value,
+                    "traceback": "",
+                }
+        # (a timed-out cell is reported by execute(), which also restarts the kernel)
+        if not self.stopping and proc is self.proc:
+            with self.state_lock:
+                if not self.stopping and proc is self.proc:
+                    self.supervisor.processes.kill_strays()
+                    self.launch()  # a context always has a live kernel
+        if cell is not None and status is not None:
+            if report is not None:
+                self.supervisor.send(report)
+            self.finish(cell, status, count)
+
+    # --- requests ---------------------------------------------------------------------
+    def execute(self, request: Dict[str, Any]) -> None:
+        with self.exec_lock:
+            cell = Cell(request["id"], OutputBudget(self.supervisor, request["id"]))
+            cell.timeout = float(request["timeout"])
+            self.cell = cell
+            message = {
+                "type": "execute",
+                "id": request["id"],
+                "code": request["code"],
+                "envs": request["envs"],
+                "silent": request.get("silent") is True,
+            }
+            try:
+                with self.state_lock:
+                    self.sock.sendall(encode(message))
+            except OSError:
+                pass  # the kernel died; its listener reports it and restarts it
+            if cell.done.wait(cell.timeout):
+                return
+            # Timeout: stop everything the cell started, then ask the kernel to stop.
+            cell.timed_out = True
+            proc = self.proc
+            if proc is not None:
+                self.supervisor.processes.kill_tree(proc.pid, include_root=False)
+                signal_all([proc.pid], signal.SIGINT)
+            if cell.done.wait(self.supervisor.grace):
+                return
+            self.supervisor.send(self.timeout_error(cell, restarted=True))
+            self.finish(cell, "timeout")
+            self.restart()
+
+    def interrupt(self) -> None:
+        proc = self.proc
+        cell = self.cell
+        if proc is not None and cell is not None and not cell.done.is_set():
+            cell.interrupted = True
+            self.supervisor.processes.kill_tree(proc.pid, include_root=False)
+            signal_all([proc.pid], signal.SIGINT)
+
+    def restart(self) -> None:
+        with self.state_lock:
+            self.kill()
+            self.stopping = False
+            self.launch()
+
+    def kill(self) -> None:
+        self.stopping = True
+        proc = self.proc
+        if proc is None:
+            return
+        self.supervisor.processes.kill_tree(proc.pid, include_root=True)
+        proc.wait()
+        self.listener.join(timeout=2)
+
+    def stop(self) -> None:
+        self.kill()
+
+
+def _event_type(line: bytes) -> Any:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    return message.get("type") if isinstance(message, dict) else None
+
+
+def _death_cause(code: int, stopped: bool) -> "tuple[str, str, str]":
+    """Name, exit status and message for a kernel that went away mid-cell."""
+    lost = "it was restarted and its variables were lost"
+    if stopped:
+        return "KernelDiedError", "died", "the context was restarted or removed while the cell ran"
+    if code == -signal.SIGKILL:
+        return (
+            "OutOfMemoryError",
+            "oom",
+            "the kernel was killed (SIGKILL), most likely for using too much memory; " + lost,
+        )
+    if code == -signal.SIGXCPU:
+        return "TimeoutError", "timeout", "the kernel used up its CPU time limit; " + lost
+    return "KernelDiedError", "died", "the kernel exited (status %s); %s" % (code, lost)
+
+
+def become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, argv: List[str]) -> None:
+    """In a freshly forked child: set up the process like a spawned kernel (``argv`` is
+    the command line it would have been started with), run it, exit."""
+    code = 70
+    args = argv[5:]  # after: python -I -c BOOTSTRAP <lib>
+    try:
+        set_cmdline(argv[:-2])  # without "--config <json>", which rarely fits
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        keep = {0, 1, 2, sock_fd}
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd not in keep:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        os.set_inheritable(sock_fd, False)
+        os.chdir(cwd)
+        # What a new interpreter would have: SIGPIPE ignored (Python's default), every
+        # other handler the default; the kernel installs its own SIGINT handler.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        sys.argv = ["-c", *args]
+        # Fresh randomness: forked interpreters would otherwise share numpy's global
+        # generator state (``random`` re-seeds itself after a fork).
+        numpy_random = sys.modules.get("numpy.random")
+        if numpy_random is not None:
+            numpy_random.seed()
+        tempfile = sys.modules.get("tempfile")
+        if tempfile is not None:
+            tempfile._name_sequence = None  # type: ignore[attr-defined]
+        from sandlot.runner._kernel import main as kernel_main
+
+        code = kernel_main(args[1:])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            import atexit
+
+            atexit._run_exitfuncs()
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
