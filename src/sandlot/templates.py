@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sandlot._exceptions import TemplateError
+from sandlot.protocol.layout import GUEST_PYTHON, TEMPLATE_GUEST
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -56,10 +57,8 @@ __all__ = [
     "find_template",
 ]
 
-GUEST_ROOT = "/opt/sandlot/template"
+GUEST_ROOT = TEMPLATE_GUEST
 """Where the template directory is mounted (read-only) inside the sandbox."""
-GUEST_PYTHON = GUEST_ROOT + "/env/bin/python"
-"""The template's interpreter as the sandbox sees it."""
 
 TEMPLATE_FORMAT = 1
 """Version of the on-disk layout and manifest; a manifest with another version is not used."""

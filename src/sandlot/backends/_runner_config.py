@@ -10,14 +10,9 @@ and the proxy variables (:func:`egress_env`); the backend mounts the lease's soc
 from __future__ import annotations
 
 from sandlot.policy import MiB, SandboxSpec
+from sandlot.protocol.layout import EGRESS_PORT, EGRESS_SOCKET_GUEST, HOME, LIB_GUEST
 
-HOME = "/home/user"
-LIB_GUEST = "/opt/sandlot/lib"
-EGRESS_SOCKET_GUEST = "/opt/sandlot/egress.sock"
-"""Where a sandbox with a network policy finds its own socket to the host's proxy."""
-EGRESS_PORT = 3128
-"""The sandbox-side proxy port (the supervisor's forwarder, on the sandbox's own
-loopback)."""
+__all__ = ["EGRESS_PORT", "EGRESS_SOCKET_GUEST", "egress_env", "runner_config"]
 
 
 def runner_config(

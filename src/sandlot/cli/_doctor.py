@@ -94,10 +94,10 @@ def doctor_report() -> dict[str, Any]:
         for key, value in probe.details.items():
             checks.append(_check(f"  {probe.name}: {key}", "info", value))
     if os.geteuid() == 0:
-        from sandlot.backends.bwrap import _drop_to
+        from sandlot.backends.bwrap._host import drop_to
 
         try:
-            drop = _drop_to()
+            drop = drop_to()
             running = (
                 f"root; sandboxes run as unprivileged host uid {drop[0] if drop else '?'} "
                 "with no capabilities (SANDLOT_HOST_UID)"

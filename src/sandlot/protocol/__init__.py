@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Mapping, Tuple
 
+from sandlot.protocol import layout as _layout
+
 PROTOCOL_VERSION = 1
 """Bumped on any incompatible change; the runner announces it in ``ready``."""
 
@@ -36,8 +38,8 @@ PATH_MAX = 4096
 NAME_MAX = 255
 """Longest single path component (UTF-8 bytes), as Linux's NAME_MAX."""
 
-WORKSPACE_ROOTS = ("/home/user", "/tmp")
-"""The directories the files.* API may reach (the working directory and /tmp)."""
+WORKSPACE_ROOTS = _layout.WORKSPACE_ROOTS
+"""The directories the files.* API may reach (see :mod:`sandlot.protocol.layout`)."""
 
 # --- requests: host -> runner -------------------------------------------------------
 # name -> required fields (besides "type" and "id") and their JSON types.

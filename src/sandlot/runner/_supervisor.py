@@ -45,6 +45,7 @@ from sandlot.protocol import (
     decode,
     encode,
 )
+from sandlot.protocol.layout import HOME, LIB_GUEST, TEMPLATE_SHARE
 from sandlot.runner import BOOTSTRAP, _limits
 from sandlot.runner._contexts import KernelProcess, OutputBudget, pump
 from sandlot.runner._files import Files, FilesError
@@ -52,7 +53,6 @@ from sandlot.runner._processes import Processes
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
-TEMPLATE_SHARE = "/opt/sandlot/template/share"
 
 
 class StdioChannel:
@@ -90,12 +90,12 @@ class Supervisor:
         self.send_lock = threading.Lock()
         self.processes = Processes()
         self.kernels: Dict[str, KernelProcess] = {}
-        self.workdir = str(config.get("workdir", "/home/user"))
+        self.workdir = str(config.get("workdir", HOME))
         self.output_bytes = config.get("output_bytes")
         self.max_results = config.get("max_results")
         self.result_bytes = config.get("result_bytes")
         self.grace = float(config.get("kill_grace", 1.0))
-        self.lib = str(config.get("lib", "/opt/sandlot/lib"))
+        self.lib = str(config.get("lib", LIB_GUEST))
         self.fork_next_kernel = False
         """Fork the next kernel from this process (set once, by a zygote-made sandbox)."""
         self.files = Files(self.workdir)
@@ -498,7 +498,7 @@ def run(
         except (OSError, KeyError, ValueError) as exc:
             sys.stderr.write("sandlot runner: cannot start the egress forwarder: %s\n" % exc)
             return 70
-    home = str(config.get("workdir", "/home/user"))
+    home = str(config.get("workdir", HOME))
     try:
         _prepare_home(home)
     except OSError as exc:

@@ -62,6 +62,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from sandlot.protocol import PROTOCOL_VERSION
+from sandlot.protocol.layout import HOME
 from sandlot.runner._processes import set_cmdline
 
 CLONE_NEWNS = 0x00020000
@@ -253,7 +254,7 @@ def _preload(names: List[str]) -> None:
     # cache from there when it is imported, which is now. Each sandbox gets its own
     # fresh copy of the same files in its own /home/user.
     try:
-        _supervisor._prepare_home(os.environ.get("HOME", "/home/user"))
+        _supervisor._prepare_home(os.environ.get("HOME", HOME))
     except OSError as exc:
         sys.stderr.write("sandlot zygote: could not copy matplotlib settings: %s\n" % exc)
     # The kernel's own preload (headless matplotlib, errors on stderr, gc.freeze()).
@@ -398,7 +399,7 @@ def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: by
     _check(_libc.sethostname(raw, len(raw)), "sethostname")
     _loopback_up()
     # The working directory was the zygote's /home/user, now hidden under the new one.
-    os.chdir(os.environ.get("HOME", "/home/user"))
+    os.chdir(os.environ.get("HOME", HOME))
     sock = socket.socket(fileno=channel_fd)
     # Who we are, in credentials the kernel checks and translates into the host's pid
     # namespace; the host moves that pid into the sandbox's cgroup, then configures us.

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from sandlot._exceptions import InvalidArgumentError
 from sandlot._models import EntryInfo, Execution, FileType, Result
+from sandlot.protocol.layout import HOME
 
 MIN_BUDGET = 200
 """The smallest text budget that still leaves room for the section headers and a marker."""
@@ -177,7 +178,8 @@ def openai_tool_messages(results: Iterable[tuple[str, ModelContent]]) -> list[di
 # --- files ------------------------------------------------------------------------------
 
 
-WORKSPACE = "/home/user"
+WORKSPACE = HOME
+"""Paths are shown relative to the sandbox's working directory."""
 
 
 def file_changes(before: Sequence[EntryInfo], after: Sequence[EntryInfo]) -> tuple[FileChange, ...]:

@@ -1,288 +1,44 @@
 """The bubblewrap backend: Linux namespaces, no daemon, the default on Linux.
 
-Side effects live here; the isolation decisions live in :mod:`._compile`.
+Side effects live here and in :mod:`._host` (shared with the zygote backend); the
+isolation decisions live in :mod:`._compile`.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import functools
-import hashlib
-import logging
 import os
-import queue
-import re
-import shutil
 import socket
 import subprocess
-import sys
-import tempfile
-import threading
-from collections.abc import Callable
-from concurrent.futures import Future
-from pathlib import Path
-from typing import Any
 
-import sandlot.protocol
-import sandlot.runner
 from sandlot._exceptions import (
     BackendUnavailable,
     IsolationUnavailable,
     SandboxStartError,
 )
-from sandlot._models import NetworkEvent, ResourceUsage
-from sandlot.backends import _cgroups
 from sandlot.backends._base import Backend, Probe, SandboxHandle
-from sandlot.backends._channel import ChannelHandle, SandboxProcess
 from sandlot.backends.bwrap import _seccomp
-from sandlot.backends.bwrap._compile import (
-    ETC_ENTRIES,
-    HostLayout,
-    build_argv,
-    runner_config,
+from sandlot.backends.bwrap._compile import build_argv, runner_config
+from sandlot.backends.bwrap._host import (
+    SPAWNER,
+    START_TIMEOUT,
+    BwrapHandle,
+    Enter,
+    StderrTail,
+    bwrap_path,
+    cgroup_for,
+    drop_to,
+    host_layout,
+    probe_host,
+    say,
+    sweep_once,
 )
 from sandlot.egress import EgressLease, EgressProxy, default_proxy
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
-from sandlot.templates import Template, cache_dir, ensure_template
+from sandlot.templates import ensure_template
 
-log = logging.getLogger("sandlot.backend")
-
-START_TIMEOUT = 30.0
-MIN_VERSION = (0, 8, 0)  # --disable-userns, --size for tmpfs
-
-_HOST_FIX = (
-    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
-    "bubblewrap) and allow unprivileged user namespaces "
-    "(sysctl -w kernel.unprivileged_userns_clone=1 where that sysctl exists; "
-    "sysctl -w user.max_user_namespaces=15000 if it is 0; on Ubuntu >= 23.10 also "
-    "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for "
-    "bwrap; inside Docker, run the container with --security-opt seccomp=unconfined "
-    "--security-opt apparmor=unconfined or use sandlot's docker backend)"
-)
-
-
-def _bwrap_path() -> str | None:
-    """The bwrap binary: ``$SANDLOT_BWRAP`` if set (and then only that), else PATH."""
-    configured = os.environ.get("SANDLOT_BWRAP")
-    if configured:
-        return configured if os.access(configured, os.X_OK) else None
-    return shutil.which("bwrap") or next(
-        (p for p in ("/usr/bin/bwrap", "/usr/local/bin/bwrap") if os.access(p, os.X_OK)), None
-    )
-
-
-def _version(bwrap: str) -> tuple[int, ...] | None:
-    try:
-        out = subprocess.run(
-            [bwrap, "--version"], capture_output=True, text=True, timeout=10, env={}
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
-    return tuple(int(x) for x in match.groups()) if match else None
-
-
-def _sysctl(name: str) -> str | None:
-    try:
-        return Path("/proc/sys", *name.split(".")).read_text().strip()
-    except OSError:
-        return None
-
-
-@functools.lru_cache(maxsize=1)
-def _probe() -> Probe:
-    details: dict[str, str] = {}
-    bwrap = _bwrap_path()
-    if bwrap is None:
-        where = os.environ.get("SANDLOT_BWRAP") or "PATH"
-        return Probe(
-            "bwrap",
-            False,
-            f"bubblewrap (bwrap) is not installed (looked in {where})",
-            _HOST_FIX,
-            10,
-            details,
-        )
-    version = _version(bwrap)
-    details["bwrap"] = f"{bwrap} {'.'.join(map(str, version or ()))}"
-    if version is None or version < MIN_VERSION:
-        return Probe(
-            "bwrap",
-            False,
-            f"bubblewrap {'.'.join(map(str, version or ())) or '?'} is too old; sandlot needs "
-            f">= {'.'.join(map(str, MIN_VERSION))}",
-            "upgrade bubblewrap (Debian 12 and Ubuntu 24.04 ship a recent enough one)",
-            10,
-            details,
-        )
-    for knob in (
-        "kernel.unprivileged_userns_clone",
-        "user.max_user_namespaces",
-        "kernel.apparmor_restrict_unprivileged_userns",
-    ):
-        value = _sysctl(knob)
-        if value is not None:
-            details[knob] = value
-    # The real test: start a minimal sandbox with every namespace sandlot uses.
-    argv = [
-        bwrap,
-        "--unshare-user",
-        "--unshare-pid",
-        "--unshare-net",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--disable-userns",
-        "--die-with-parent",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-        *_root_args(),
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        str(1 << 20),
-        "--tmpfs",
-        "/tmp",
-        "--",
-        "/usr/bin/true",
-    ]
-    drop = None
-    try:
-        # As the uid sandboxes will run as (root drops to an unprivileged one).
-        drop = _drop_to()
-        if drop is not None:
-            details["sandbox host uid"] = str(drop[0])
-        result = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            env={},
-            preexec_fn=_Enter((), drop),
-        )
-    except (OSError, subprocess.SubprocessError, IsolationUnavailable) as exc:
-        fix = _HOST_FIX
-        if drop is not None and isinstance(exc, subprocess.SubprocessError):
-            fix = (
-                f"sandlot runs as root here and starts sandboxes as host uid {drop[0]}, but "
-                f"could not switch to it (is this a user namespace without that uid "
-                f"mapped?); set {HOST_UID_ENV} to an unprivileged uid that exists here"
-            )
-        return Probe("bwrap", False, f"bwrap self-test failed: {exc}", fix, 10, details)
-    if result.returncode != 0:
-        reason = result.stderr.strip() or f"exit status {result.returncode}"
-        return Probe(
-            "bwrap", False, f"bwrap cannot create namespaces here: {reason}", _HOST_FIX, 10, details
-        )
-    details["namespaces"] = "user, pid, net, ipc, uts, mount: ok"
-    return Probe("bwrap", True, "", "", 10, details)
-
-
-def _root_args() -> list[str]:
-    args: list[str] = []
-    links, dirs = _root_layout()
-    for path, target in sorted(links.items()):
-        args += ["--symlink", target, path]
-    for path in dirs:
-        args += ["--ro-bind", path, path]
-    return args
-
-
-@functools.lru_cache(maxsize=1)
-def _root_layout() -> tuple[dict[str, str], tuple[str, ...]]:
-    """Which of /bin, /sbin, /lib* are symlinks into /usr (merged /usr) or real dirs."""
-    links: dict[str, str] = {}
-    dirs: list[str] = []
-    for path in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(path):
-            links[path] = os.readlink(path)
-        elif os.path.isdir(path):
-            dirs.append(path)
-    return links, tuple(dirs)
-
-
-def _say(line: str) -> None:
-    # A first Sandbox() may build the template (about a minute); say so on stderr
-    # rather than look hung.
-    print(f"sandlot: {line}", file=sys.stderr, flush=True)
-
-
-class _StderrTail:
-    """Keeps the last lines bwrap and the runner wrote to stderr, for error messages.
-
-    Bounded in lines and in line length: code in the sandbox may be able to write to
-    this pipe, and must not make the host buffer an endless line.
-    """
-
-    MAX_LINE = 1000
-
-    def __init__(self, stream: Any) -> None:
-        self.lines: collections.deque[str] = collections.deque(maxlen=40)
-        self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
-        self.thread.start()
-
-    def _pump(self, stream: Any) -> None:
-        partial = b""
-        try:
-            while chunk := stream.read1(65536):
-                *complete, partial = (partial + chunk).split(b"\n")
-                for line in complete:
-                    self.lines.append(line[: self.MAX_LINE].decode("utf-8", "replace"))
-                partial = partial[: self.MAX_LINE]
-            if partial:
-                self.lines.append(partial.decode("utf-8", "replace"))
-        finally:
-            # EOF: the sandbox is gone. Close the pipe here instead of leaving it to the
-            # garbage collector, which held the fd until then and raised ResourceWarning.
-            stream.close()
-
-    def __call__(self) -> str:
-        return "\n".join(self.lines)
-
-
-class _Spawner:
-    """Starts every bwrap process from one thread that lives as long as this process.
-
-    ``--die-with-parent`` is ``PR_SET_PDEATHSIG``, and Linux delivers it when the
-    *thread* that forked the child exits, not the process. Popen'ed from the caller's
-    thread, a sandbox created in a short-lived thread (a worker, a request handler,
-    ``asyncio.to_thread``) was killed the moment that thread ended, and the next call
-    silently started a new, empty one. From this thread, the sandbox still dies with
-    the process (SIGKILL included), which is what --die-with-parent is for.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[Future[subprocess.Popen[bytes]], list[str], Any]]
-        self._jobs = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        done: Future[subprocess.Popen[bytes]] = Future()
-        with self._lock:
-            # Not alive after os.fork() in a child process: start one there too.
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._serve, name="sandlot-bwrap-spawner", daemon=True
-                )
-                self._thread.start()
-            self._jobs.put((done, argv, kwargs))
-        return done.result()
-
-    def _serve(self) -> None:
-        while True:
-            done, argv, kwargs = self._jobs.get()
-            try:
-                done.set_result(subprocess.Popen(argv, **kwargs))
-            except BaseException as exc:
-                done.set_exception(exc)
-
-
-_SPAWNER = _Spawner()
+__all__ = ["START_TIMEOUT", "BwrapBackend", "BwrapHandle", "host_layout"]
 
 
 class BwrapBackend(Backend):
@@ -301,20 +57,20 @@ class BwrapBackend(Backend):
 
     @classmethod
     def probe(cls) -> Probe:
-        return _probe()
+        return probe_host()
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         probe = self.probe()
         if not probe.available:
             raise BackendUnavailable(f"bwrap backend unavailable: {probe.reason}. Fix: {probe.fix}")
-        bwrap = _bwrap_path()
+        bwrap = bwrap_path()
         assert bwrap is not None
-        template = ensure_template(spec.template, progress=_say)
-        _sweep_once()
+        template = ensure_template(spec.template, progress=say)
+        sweep_once()
         with contextlib.ExitStack() as cleanup:
             # Everything opened here is closed when start() returns or fails; the
             # cgroup is removed on failure and, once started, when the sandbox ends.
-            group = _cgroup_for(spec)
+            group = cgroup_for(spec)
             if group is not None:
                 cleanup.callback(group.close_fds)
                 failed = cleanup.enter_context(contextlib.ExitStack())
@@ -323,7 +79,7 @@ class BwrapBackend(Backend):
             cleanup.callback(os.close, program_fd)
             host_sock, child_sock = socket.socketpair()
             cleanup.callback(child_sock.close)
-            drop = _drop_to()
+            drop = drop_to()
             lease: EgressLease | None = None
             if spec.network.enabled:
                 # Its own socket on the shared proxy; closed with the sandbox.
@@ -342,7 +98,7 @@ class BwrapBackend(Backend):
             try:
                 # env={}: bwrap's own process (pid 1 inside) keeps the environment it was
                 # started with, visible as /proc/1/environ; give it nothing.
-                process = _SPAWNER.popen(
+                process = SPAWNER.popen(
                     argv,
                     env={},
                     stdin=subprocess.DEVNULL,
@@ -350,7 +106,7 @@ class BwrapBackend(Backend):
                     stderr=subprocess.PIPE,
                     pass_fds=(fd, program_fd),
                     close_fds=True,
-                    preexec_fn=_Enter(group.attach_fds if group else (), drop),
+                    preexec_fn=Enter(group.attach_fds if group else (), drop),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 host_sock.close()
@@ -360,7 +116,7 @@ class BwrapBackend(Backend):
             if lease is not None:
                 unleash.pop_all()  # and the egress lease
         assert process.stderr is not None
-        tail = _StderrTail(process.stderr)
+        tail = StderrTail(process.stderr)
         config = runner_config(spec, fd, cgroup_limits=group is not None)
         configure = {"type": "configure", "id": "configure", "config": config}
         # OSError: the sandbox died at once; wait_ready reports it with bwrap's stderr.
@@ -385,213 +141,3 @@ class BwrapBackend(Backend):
                 ) from exc
             raise
         return handle
-
-
-def host_layout(
-    template: Template,
-    drop: tuple[int, int] | None,
-    *,
-    channel_fd: int,
-    seccomp_fd: int,
-    egress_socket: str | None = None,
-) -> HostLayout:
-    """The host paths a sandbox of ``template`` is built from (checked readable by the
-    uid sandboxes run as, when sandlot runs as root)."""
-    runtime = _runtime_dirs(drop is not None)
-    if drop is not None:
-        _check_reachable(drop, [template.path, template.base_prefix, *runtime])
-    links, dirs = _root_layout()
-    return HostLayout(
-        template_dir=str(template.path),
-        base_prefix=str(template.base_prefix),
-        protocol_dir=str(runtime[0]),
-        runner_dir=str(runtime[1]),
-        generated_etc_dir=str(runtime[2]),
-        root_symlinks=links,
-        root_dirs=dirs,
-        etc_entries=[p for p in ETC_ENTRIES if os.path.exists(p)],
-        channel_fd=channel_fd,
-        seccomp_fd=seccomp_fd,
-        egress_socket=egress_socket,
-    )
-
-
-class BwrapHandle(ChannelHandle):
-    """A bwrap sandbox: the channel, plus its cgroup (read for usage, removed at the end)."""
-
-    def __init__(
-        self,
-        sock: socket.socket,
-        process: SandboxProcess,
-        *,
-        stderr_tail: Any,
-        cgroup: _cgroups.SandboxCgroup | None,
-        egress: EgressLease | None = None,
-        exit_reason: Callable[[int], str] | None = None,
-    ) -> None:
-        self._cgroup = cgroup
-        self._egress = egress
-        super().__init__(
-            sock,
-            process,
-            stderr_tail=stderr_tail,
-            on_exit=self._release,
-            exit_reason=exit_reason,
-        )
-
-    def kill(self) -> None:
-        # Every process of the sandbox at once: SIGKILL to pid 1 alone ends the others
-        # only after pid 1 has torn down its own address space, one after the other;
-        # together they exit in parallel and kill() returns sooner.
-        if self._cgroup is not None and self.alive:
-            self._cgroup.kill_all()
-        super().kill()
-
-    def _release(self) -> None:
-        if self._egress is not None:
-            self._egress.close()
-        if self._cgroup is not None and not self._cgroup.destroy():
-            log.error("could not remove the sandbox cgroup %s", self._cgroup.name)
-
-    def network_events(self, settle: float = 0.0) -> list[NetworkEvent] | None:
-        return None if self._egress is None else self._egress.events(settle)
-
-    def usage(self) -> ResourceUsage | None:
-        return None if self._cgroup is None else self._cgroup.usage()
-
-
-class _Enter:
-    """``preexec_fn``: runs in the forked child before it execs bwrap.
-
-    1. Join the sandbox's cgroups (writing "0" to ``cgroup.procs`` moves the writer),
-       so bwrap and everything it starts is limited from its first instruction.
-    2. When sandlot runs as root, become an unprivileged uid/gid with no supplementary
-       groups. bwrap then creates the user namespace as that uid: the sandbox's uid 1000
-       is host uid :data:`HOST_UID`, not root, and RLIMIT_NPROC and signal permissions
-       apply to it like to any user.
-
-    Only system calls on values prepared by the parent: no allocation-heavy work
-    between fork and exec.
-    """
-
-    def __init__(self, cgroup_fds: tuple[int, ...], drop: tuple[int, int] | None) -> None:
-        self.cgroup_fds = cgroup_fds
-        self.drop = drop
-
-    def __call__(self) -> None:
-        for fd in self.cgroup_fds:
-            os.write(fd, b"0")
-        if self.drop is not None:
-            uid, gid = self.drop
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-
-
-HOST_UID_ENV = "SANDLOT_HOST_UID"
-DEFAULT_HOST_UID = 65534
-"""The host uid (and gid) sandboxes run as when sandlot runs as root: ``nobody``,
-like nsjail's default. ``$SANDLOT_HOST_UID`` picks another unprivileged one."""
-
-
-def _drop_to() -> tuple[int, int] | None:
-    """(uid, gid) to switch to before starting bwrap, or None when not root."""
-    if os.geteuid() != 0:
-        return None
-    value = os.environ.get(HOST_UID_ENV, "").strip()
-    uid = int(value) if value.isdigit() else DEFAULT_HOST_UID
-    if uid == 0:
-        raise IsolationUnavailable(
-            f"{HOST_UID_ENV}=0 would run sandboxes as host root; pick an unprivileged uid"
-        )
-    return uid, uid
-
-
-def _runtime_dirs(stage: bool) -> tuple[Path, Path, Path]:
-    """The protocol, runner and generated-/etc directories to bind into sandboxes.
-
-    Normally the installed package's own. When sandboxes run as another uid (sandlot
-    started as root), a copy in the cache: the package may sit where that uid cannot
-    read it (a virtualenv under a 0700 ``/root``). The copy is keyed by content, made
-    once, and made atomically (rename), so concurrent starts agree on it.
-    """
-    here = Path(__file__).parent
-    sources = (
-        Path(sandlot.protocol.__file__).parent,
-        Path(sandlot.runner.__file__).parent,
-        here / "etc",
-    )
-    if not stage:
-        return sources
-    digest = hashlib.sha256()
-    files: list[tuple[int, Path]] = []
-    for i, src in enumerate(sources):
-        for path in sorted(src.iterdir()):
-            if (path.is_file() and path.suffix in (".py", "")) or path.name.endswith(".conf"):
-                files.append((i, path))
-                digest.update(f"{i}/{path.name}\0".encode() + path.read_bytes() + b"\0")
-    target = cache_dir() / "runtime" / digest.hexdigest()[:16]
-    names = ("protocol", "runner", "etc")
-    if not target.is_dir():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(target.parent, 0o755)
-        staging = Path(tempfile.mkdtemp(prefix=".stage-", dir=target.parent))
-        try:
-            for name in names:
-                (staging / name).mkdir()
-            for i, path in files:
-                shutil.copyfile(path, staging / names[i] / path.name)
-            for path in staging.rglob("*"):
-                os.chmod(path, 0o755 if path.is_dir() else 0o644)
-            os.chmod(staging, 0o755)
-            try:
-                os.rename(staging, target)
-            except OSError:
-                if not target.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return (target / "protocol", target / "runner", target / "etc")
-
-
-def _check_reachable(drop: tuple[int, int], paths: list[Path]) -> None:
-    """Fail closed, naming the fix, if the sandbox's host uid cannot read ``paths``."""
-    uid, gid = drop
-    for path in paths:
-        for part in [*reversed(path.parents), path]:
-            st = os.stat(part)
-            if st.st_uid == uid:
-                bits = st.st_mode >> 6
-            elif st.st_gid == gid:
-                bits = st.st_mode >> 3
-            else:
-                bits = st.st_mode
-            if not bits & 1 or (part == path and not bits & 4):
-                raise IsolationUnavailable(
-                    f"sandboxes run as host uid {uid} (sandlot is running as root) and that "
-                    f"uid cannot read {path} (blocked at {part}). Fix: keep templates in a "
-                    f"directory other users can read: unset SANDLOT_CACHE_DIR and "
-                    f"XDG_CACHE_HOME to use /var/cache/sandlot, or chmod o+rx the path"
-                )
-
-
-def _cgroup_for(spec: SandboxSpec) -> _cgroups.SandboxCgroup | None:
-    """The sandbox's cgroup, or None only when the caller opted into best effort."""
-    try:
-        return _cgroups.SandboxCgroup.create(spec.resources)
-    except IsolationUnavailable:
-        if spec.unsafe_best_effort_limits:
-            return None
-        raise
-
-
-_SWEPT = False
-
-
-def _sweep_once() -> None:
-    """Remove cgroups left by sandlot processes that were SIGKILLed (first start only)."""
-    global _SWEPT
-    if not _SWEPT:
-        _SWEPT = True
-        with contextlib.suppress(Exception):
-            _cgroups.sweep_orphans()

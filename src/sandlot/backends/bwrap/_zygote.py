@@ -41,26 +41,26 @@ from typing import Any
 from sandlot._exceptions import BackendUnavailable, SandboxStartError
 from sandlot.backends import _cgroups
 from sandlot.backends._base import Backend, Probe, SandboxHandle
-from sandlot.backends.bwrap import (
-    _SPAWNER,
+from sandlot.backends.bwrap import BwrapBackend, _seccomp
+from sandlot.backends.bwrap._compile import build_zygote_argv, runner_config
+from sandlot.backends.bwrap._host import (
+    SPAWNER,
     START_TIMEOUT,
-    BwrapBackend,
     BwrapHandle,
-    _bwrap_path,
-    _cgroup_for,
-    _drop_to,
-    _Enter,
-    _probe,
-    _say,
-    _seccomp,
-    _StderrTail,
-    _sweep_once,
+    Enter,
+    StderrTail,
+    bwrap_path,
+    cgroup_for,
+    drop_to,
     host_layout,
+    probe_host,
+    say,
+    sweep_once,
 )
-from sandlot.backends.bwrap._compile import HOME, build_zygote_argv, runner_config
 from sandlot.egress import EgressProxy
 from sandlot.policy import DATA_STACK, MiB, Resources, SandboxSpec
 from sandlot.protocol import PROTOCOL_VERSION, encode
+from sandlot.protocol.layout import HOME
 from sandlot.templates import ensure_template
 
 log = logging.getLogger("sandlot.backend")
@@ -125,7 +125,7 @@ class Zygote:
         self._process: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
         self._cgroup: _cgroups.SandboxCgroup | None = None
-        self._tail: _StderrTail | None = None
+        self._tail: StderrTail | None = None
         self._ids = 0
         self.vm_bytes = 0
         """The zygote's address space size, which each forked process starts with."""
@@ -135,11 +135,11 @@ class Zygote:
         return self._process is not None and self._process.poll() is None
 
     def _start(self) -> None:
-        bwrap = _bwrap_path()
+        bwrap = bwrap_path()
         assert bwrap is not None
-        template = ensure_template(self.template, progress=_say)
-        _sweep_once()
-        drop = _drop_to()
+        template = ensure_template(self.template, progress=say)
+        sweep_once()
+        drop = drop_to()
         spec = SandboxSpec(template=self.template, resources=ZYGOTE_RESOURCES)
         group = _cgroups.SandboxCgroup.create(spec.resources)
         with contextlib.ExitStack() as cleanup:
@@ -156,7 +156,7 @@ class Zygote:
             layout = host_layout(template, drop, channel_fd=theirs.fileno(), seccomp_fd=own_filter)
             argv = build_zygote_argv(spec, layout, children_filter, bwrap=bwrap)
             try:
-                process = _SPAWNER.popen(
+                process = SPAWNER.popen(
                     argv,
                     env={},
                     stdin=subprocess.DEVNULL,
@@ -164,14 +164,14 @@ class Zygote:
                     stderr=subprocess.PIPE,
                     pass_fds=(theirs.fileno(), own_filter, children_filter),
                     close_fds=True,
-                    preexec_fn=_Enter(group.attach_fds, drop),
+                    preexec_fn=Enter(group.attach_fds, drop),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 raise SandboxStartError(f"could not start the zygote: {exc}") from exc
             failed.callback(process.wait)
             failed.callback(process.kill)
             assert process.stderr is not None
-            tail = _StderrTail(process.stderr)
+            tail = StderrTail(process.stderr)
             control.settimeout(ZYGOTE_START_TIMEOUT)
             try:
                 control.send(json.dumps({"type": "configure", "preload": self.preload}).encode())
@@ -188,7 +188,7 @@ class Zygote:
         self._process, self._control, self._cgroup, self._tail = process, control, group, tail
 
     def spawn(self, spec: SandboxSpec) -> SandboxHandle:
-        group = _cgroup_for(spec)
+        group = cgroup_for(spec)
         assert group is not None  # the backend sends best-effort specs to a cold start
         with contextlib.ExitStack() as failed:
             failed.callback(group.destroy)
@@ -320,7 +320,7 @@ _ZYGOTES_LOCK = threading.Lock()
 
 def zygote_for(template: str, preload: tuple[str, ...]) -> Zygote:
     """The process-wide zygote for ``template`` and ``preload`` (started on first use)."""
-    key = (template, preload, _drop_to())
+    key = (template, preload, drop_to())
     with _ZYGOTES_LOCK:
         zygote = _ZYGOTES.get(key)
         if zygote is None:
@@ -355,7 +355,7 @@ class ZygoteBackend(Backend):
 
     @classmethod
     def probe(cls) -> Probe:
-        probe = _probe()
+        probe = probe_host()
         # Weaker than cold bwrap by design (its sandboxes share the zygote's user
         # namespace), so "auto" never picks it; ask for it by name.
         return Probe("zygote", probe.available, probe.reason, probe.fix, 9, probe.details)

@@ -47,8 +47,6 @@ from sandlot.backends.docker._compile import (
     LABEL,
     LABEL_OWNER,
     RUNNER_MEMORY_HEADROOM_MB,
-    SANDBOX_GID,
-    SANDBOX_UID,
     ContainerLayout,
     build_create_body,
     runner_config,
@@ -67,6 +65,7 @@ from sandlot.backends.docker._seccomp import profile_json
 from sandlot.egress import EgressLease, EgressProxy, default_proxy
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
+from sandlot.protocol.layout import SANDBOX_GID, SANDBOX_UID
 from sandlot.templates import cache_dir
 
 __all__ = [

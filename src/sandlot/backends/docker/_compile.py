@@ -45,18 +45,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandlot.backends._runner_config import EGRESS_SOCKET_GUEST, egress_env
+from sandlot.backends._runner_config import egress_env
 from sandlot.backends._runner_config import runner_config as shared_runner_config
 from sandlot.policy import MiB, SandboxSpec
+from sandlot.protocol.layout import (
+    EGRESS_SOCKET_GUEST,
+    GUEST_PATH,
+    GUEST_PYTHON,
+    HOME,
+    LIB_GUEST,
+    SANDBOX_GID,
+    SANDBOX_UID,
+)
 from sandlot.runner import BOOTSTRAP
-
-SANDBOX_UID = 1000
-SANDBOX_GID = 1000
-HOME = "/home/user"
-TEMPLATE_GUEST = "/opt/sandlot/template"
-LIB_GUEST = "/opt/sandlot/lib"
-GUEST_PYTHON = f"{TEMPLATE_GUEST}/env/bin/python"
-GUEST_PATH = f"{TEMPLATE_GUEST}/env/bin:/usr/local/bin:/usr/bin:/bin"
 
 LABEL = "org.sandlot.sandbox"
 """Every container sandlot creates carries this label (value: the sandbox id)."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from sandlot._exceptions import TemplateError
 from sandlot.backends.docker._engine import Engine
+from sandlot.protocol.layout import HOME, SANDBOX_GID, SANDBOX_UID
 from sandlot.templates import CJK_FALLBACK_FONTS, TEMPLATES, _matplotlibrc
 
 DEFAULT_BASE = "python:3.12-slim"
@@ -60,8 +61,8 @@ def dockerfile(base: str, template: str) -> str:
         "COPY build.py config.json /sandlot-build/\n"
         'RUN python3 /sandlot-build/build.py "$(cat /sandlot-build/config.json)" '
         "&& rm -rf /sandlot-build\n"
-        "USER 1000:1000\n"
-        "WORKDIR /home/user\n"
+        f"USER {SANDBOX_UID}:{SANDBOX_GID}\n"
+        f"WORKDIR {HOME}\n"
     )
 
 
