@@ -12,6 +12,8 @@ log "ruff"
 .venv/bin/ruff check src tests examples
 log "mypy"
 .venv/bin/mypy
+log "import layers"
+.venv/bin/lint-imports
 log "pytest"
 SANDLOT_REQUIRE="bwrap,template,docker,runsc,podman,server,postgres" .venv/bin/python -m pytest "$@"
 if [ "$(id -u)" -eq 0 ]; then

@@ -25,6 +25,8 @@
     │   ├── AuthenticationError     missing, wrong or revoked API key (HTTP 401)
     │   └── QuotaExceeded           a tenant quota is full (HTTP 429); retry later
     └── ExecutionFailed             only from ``Execution.raise_for_error()``           [exit 1]
+                                    (defined in ``sandlot._models`` beside ``Execution``,
+                                    so this module imports nothing of sandlot's)
 
 Errors in user code, timeouts, out-of-memory kills and truncated output are
 *values* on :class:`sandlot.Execution`; ``run_code`` never raises them.
@@ -32,10 +34,7 @@ Errors in user code, timeouts, out-of-memory kills and truncated output are
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
-
-if TYPE_CHECKING:
-    from sandlot._models import Execution
+from typing import ClassVar
 
 
 class SandlotError(Exception):
@@ -131,13 +130,3 @@ class AuthenticationError(ServerError):
 
 class QuotaExceeded(ServerError):
     """A tenant quota (concurrent sandboxes, creation rate, memory) is used up."""
-
-
-class ExecutionFailed(SandlotError):
-    """Raised by :meth:`Execution.raise_for_error`; carries the execution."""
-
-    def __init__(self, execution: Execution) -> None:
-        error = execution.error
-        detail = f"{error.name}: {error.value}" if error else execution.status
-        super().__init__(f"cell failed ({execution.status}): {detail}")
-        self.execution = execution

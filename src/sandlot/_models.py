@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+from sandlot._exceptions import SandlotError
 from sandlot.precheck import PrecheckReport
 
 ExecutionStatus = Literal["ok", "error", "timeout", "oom", "interrupted", "died"]
@@ -244,8 +245,6 @@ class Execution:
     def raise_for_error(self) -> None:
         """Raise :class:`sandlot.ExecutionFailed` if the cell did not succeed."""
         if self.error is not None:
-            from sandlot._exceptions import ExecutionFailed
-
             raise ExecutionFailed(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -335,3 +334,17 @@ def entry_from_wire(item: Mapping[str, Any]) -> EntryInfo:
         modified_time=float(item.get("modified_time", 0.0)),
         symlink_target=item.get("symlink_target"),
     )
+
+
+class ExecutionFailed(SandlotError):
+    """Raised by :meth:`Execution.raise_for_error`; carries the execution.
+
+    It lives here, not in :mod:`sandlot._exceptions`, because it holds an
+    :class:`Execution`: the exception tree stays free of sandlot imports and the two
+    modules do not import each other."""
+
+    def __init__(self, execution: Execution) -> None:
+        error = execution.error
+        detail = f"{error.name}: {error.value}" if error else execution.status
+        super().__init__(f"cell failed ({execution.status}): {detail}")
+        self.execution = execution

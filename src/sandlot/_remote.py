@@ -114,7 +114,7 @@ def _error(name: str, message: str, status: int | None = None) -> errors.Sandlot
     if (
         isinstance(cls, type)
         and issubclass(cls, errors.SandlotError)
-        and not issubclass(cls, errors.ServerError | errors.ExecutionFailed)
+        and not issubclass(cls, errors.ServerError)
     ):
         return cls(message)
     return errors.ServerError(f"server answered {status}: {message}", status)

@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from sandlot._exceptions import SandboxLost
-from sandlot.backends._base import Backend, Event, EventStream, Probe, SandboxHandle
+from sandlot.backends import Backend, Event, EventStream, Probe, SandboxHandle
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import (
     HOST_REQUESTS,

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandlot._exceptions import InvalidArgumentError, SandlotError
-from sandlot.tools import ContentOptions
-from sandlot.tools._content import table_text
+from sandlot.tools import ContentOptions, table_text
 
 if TYPE_CHECKING:
     from sandlot._sandbox import Sandbox

@@ -3,33 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sandlot
 from sandlot import _exceptions as errors
+from sandlot.server._e2b import e2b_routers
 from sandlot.server._manager import ApiError, SandboxManager
 from sandlot.server._metrics import Metrics
+from sandlot.server._routes import router
 from sandlot.server._settings import ServerSettings
+from sandlot.server._state import ServerState, authenticate, state_of
 from sandlot.server._store import Principal, Store
 
 log = logging.getLogger("sandlot.server")
-P = ParamSpec("P")
-T = TypeVar("T")
 
 _STATUS: tuple[tuple[type[errors.SandlotError], int], ...] = (
     # First match wins: subclasses before their parents.
@@ -45,70 +41,6 @@ _STATUS: tuple[tuple[type[errors.SandlotError], int], ...] = (
     (errors.BackendError, 503),
     (errors.SandboxLost, 503),
 )
-
-bearer = HTTPBearer(
-    auto_error=False,
-    description="An API key from `sandlot keys create --tenant NAME` "
-    "(also accepted as `X-API-Key`, or as the password of HTTP Basic auth).",
-)
-
-
-@dataclass
-class ServerState:
-    settings: ServerSettings
-    store: Store
-    manager: SandboxManager
-    metrics: Metrics
-    executor: ThreadPoolExecutor
-
-    async def blocking(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a blocking sandbox or database call in the server's worker threads."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self.executor, functools.partial(function, *args, **kwargs)
-        )
-
-
-def state_of(request: Request) -> ServerState:
-    state: ServerState = request.app.state.sandlot
-    return state
-
-
-def api_key_of(request: Request) -> str | None:
-    """The key from ``Authorization: Bearer``, ``X-API-Key`` or Basic auth (user or password)."""
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    if scheme.lower() == "basic" and value.strip():
-        # Lets a client put the key in its URL (http://sandlot:KEY@host/...), which is how
-        # the E2B client, configured only by E2B_SANDBOX_URL, can authenticate.
-        try:
-            user, _, password = base64.b64decode(value.strip()).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return password or user or None
-    return request.headers.get("x-api-key") or None
-
-
-async def authenticate(
-    request: Request,
-    # Declares the scheme in the OpenAPI document; the key is read by api_key_of.
-    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None,
-) -> Principal:
-    state = state_of(request)
-    key = api_key_of(request)
-    principal = await state.blocking(state.store.authenticate, key) if key else None
-    if principal is None:
-        state.metrics.requests_rejected.labels("auth").inc()
-        raise ApiError(
-            401,
-            "AuthenticationError",
-            "a valid API key is required (Authorization: Bearer KEY)"
-            if key is None
-            else "invalid or revoked API key",
-        )
-    return principal
 
 
 def _error(status: int, type_: str, message: str, **extra: Any) -> JSONResponse:
@@ -220,9 +152,6 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
     """Build the server's ASGI app. Opens the database and, unless ``recover=False``
     (e.g. only to print the OpenAPI document), cleans up after a crash now; the reaper
     runs while the app's lifespan does."""
-    from sandlot.server._e2b import e2b_routers
-    from sandlot.server._routes import router
-
     settings = settings or ServerSettings()
     store = Store(settings.resolved_database_url)
     metrics = Metrics()

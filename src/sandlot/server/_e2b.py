@@ -21,7 +21,6 @@ from fastapi.responses import StreamingResponse
 from starlette.datastructures import UploadFile
 
 from sandlot import InvalidArgumentError
-from sandlot.server._app import authenticate, state_of
 from sandlot.server._manager import ManagedSandbox
 from sandlot.server._routes import (
     _BYTES_DOC,
@@ -36,6 +35,7 @@ from sandlot.server._routes import (
     list_contexts,
     upload,
 )
+from sandlot.server._state import authenticate, state_of
 from sandlot.server._store import Principal
 
 Auth = Annotated[Principal, Depends(authenticate)]

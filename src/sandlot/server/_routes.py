@@ -21,9 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from sandlot import EntryInfo, InvalidArgumentError, SandlotError
 from sandlot._sandbox import DEFAULT_CELL_TIMEOUT, _check_envs, _check_path, _context_id, _seconds
 from sandlot.policy import MiB, Resources
-from sandlot.server._app import ServerState, authenticate, state_of
 from sandlot.server._cells import CellRunner, exception_message, ndjson
 from sandlot.server._manager import ApiError, ManagedSandbox
+from sandlot.server._state import ServerState, authenticate, state_of
 from sandlot.server._store import Principal
 
 LANGUAGES = (None, "python", "py", "python3")

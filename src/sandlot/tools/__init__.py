@@ -55,6 +55,7 @@ from sandlot.tools._content import (
     file_changes,
     model_content,
     openai_tool_messages,
+    table_text,
     text_content,
 )
 
@@ -82,6 +83,7 @@ __all__ = [
     "parse_tool_call",
     "refused",
     "run_tool_call",
+    "table_text",
     "text_content",
     "tool_function",
     "workspace_listing",

@@ -17,8 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from sandlot._exceptions import InvalidArgumentError, SandlotError
-from sandlot._models import EntryInfo, Execution
+from sandlot import EntryInfo, Execution, InvalidArgumentError, SandlotError
 from sandlot.tools._content import (
     ContentOptions,
     FileChange,
@@ -31,7 +30,7 @@ from sandlot.tools._content import (
 )
 
 if TYPE_CHECKING:
-    from sandlot._sandbox import AsyncSandbox, Sandbox
+    from sandlot import AsyncSandbox, Sandbox
 
 TOOL_NAME = "execute_python"
 TOOL_DESCRIPTION = "Execute python code in a Jupyter notebook cell and return result"

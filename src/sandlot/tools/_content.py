@@ -27,8 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sandlot._exceptions import InvalidArgumentError
-from sandlot._models import EntryInfo, Execution, FileType, Result
+from sandlot import EntryInfo, Execution, FileType, InvalidArgumentError, Result
 from sandlot.protocol.layout import HOME
 
 MIN_BUDGET = 200

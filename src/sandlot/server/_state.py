@@ -1,0 +1,94 @@
+"""The server's state and the per-request dependencies every router shares.
+
+:class:`ServerState` (settings, store, sandbox manager, metrics, worker threads) hangs on
+the app; :func:`state_of` finds it from a request and :func:`authenticate` turns the
+request's API key into a :class:`~sandlot.server._store.Principal`. They live apart from
+``_app`` so the routers (``_routes``, ``_e2b``) depend on them and ``_app`` depends on
+the routers, never the other way round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Annotated, ParamSpec, TypeVar
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from sandlot.server._manager import ApiError, SandboxManager
+from sandlot.server._metrics import Metrics
+from sandlot.server._settings import ServerSettings
+from sandlot.server._store import Principal, Store
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+bearer = HTTPBearer(
+    auto_error=False,
+    description="An API key from `sandlot keys create --tenant NAME` "
+    "(also accepted as `X-API-Key`, or as the password of HTTP Basic auth).",
+)
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    store: Store
+    manager: SandboxManager
+    metrics: Metrics
+    executor: ThreadPoolExecutor
+
+    async def blocking(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a blocking sandbox or database call in the server's worker threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.executor, functools.partial(function, *args, **kwargs)
+        )
+
+
+def state_of(request: Request) -> ServerState:
+    state: ServerState = request.app.state.sandlot
+    return state
+
+
+def api_key_of(request: Request) -> str | None:
+    """The key from ``Authorization: Bearer``, ``X-API-Key`` or Basic auth (user or password)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    if scheme.lower() == "basic" and value.strip():
+        # Lets a client put the key in its URL (http://sandlot:KEY@host/...), which is how
+        # the E2B client, configured only by E2B_SANDBOX_URL, can authenticate.
+        try:
+            user, _, password = base64.b64decode(value.strip()).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return password or user or None
+    return request.headers.get("x-api-key") or None
+
+
+async def authenticate(
+    request: Request,
+    # Declares the scheme in the OpenAPI document; the key is read by api_key_of.
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None,
+) -> Principal:
+    state = state_of(request)
+    key = api_key_of(request)
+    principal = await state.blocking(state.store.authenticate, key) if key else None
+    if principal is None:
+        state.metrics.requests_rejected.labels("auth").inc()
+        raise ApiError(
+            401,
+            "AuthenticationError",
+            "a valid API key is required (Authorization: Bearer KEY)"
+            if key is None
+            else "invalid or revoked API key",
+        )
+    return principal
