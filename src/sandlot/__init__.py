@@ -12,6 +12,7 @@
 The API mirrors ``e2b_code_interpreter``; see README.md.
 """
 
+from sandlot._async import AsyncSandbox
 from sandlot._exceptions import (
     AuthenticationError,
     BackendError,
@@ -48,7 +49,7 @@ from sandlot._models import (
     Result,
     WriteInfo,
 )
-from sandlot._sandbox import AsyncSandbox, Sandbox
+from sandlot._sandbox import Sandbox
 from sandlot.policy import NetworkPolicy, Resources
 from sandlot.pool import Pool, PoolStats
 from sandlot.precheck import PrecheckReport

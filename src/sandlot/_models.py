@@ -318,6 +318,10 @@ class Context:
     cwd: str
 
 
+def context_from_wire(value: Mapping[str, Any]) -> Context:
+    return Context(id=str(value["id"]), language=str(value["language"]), cwd=str(value["cwd"]))
+
+
 def entries_from_wire(items: Iterable[Mapping[str, Any]]) -> list[EntryInfo]:
     return [entry_from_wire(item) for item in items]
 

@@ -1,11 +1,12 @@
 """The SDK's remote mode: the same ``Sandbox`` / ``AsyncSandbox`` API over a sandlot server.
 
 ``Sandbox(api_url=..., api_key=...)`` (or ``$SANDLOT_API_URL`` / ``$SANDLOT_API_KEY``)
-swaps the local ``_Core`` for :class:`RemoteCore`, which has the same methods and
-turns each into an HTTP call (httpx). The server runs the very same local SDK, so
-results are the same values; the sandbox's limits and outcomes arrive as data in
-the NDJSON stream (see ``sandlot.server._cells``). ``AsyncSandbox`` runs these calls
-in worker threads exactly as it does the local ones.
+swaps the local core for :class:`RemoteCore`, its peer behind the same core protocol
+(:class:`sandlot._core.Core`), which turns each call into an HTTP request (httpx).
+The server runs the very same local SDK, so results are the same values; the
+sandbox's limits and outcomes arrive as data in the NDJSON stream (see
+``sandlot.server._cells``). ``Sandbox`` checks every argument before a request is
+sent, exactly as in local mode.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
 from sandlot import _exceptions as errors
+from sandlot._core import HOST_BACKSTOP, REQUEST_TIMEOUT, SandboxOptions
 from sandlot._fold import Callbacks
 from sandlot._models import (
     CommandResult,
     Context,
+    EntryInfo,
     Execution,
     ExecutionError,
     FileType,
@@ -32,21 +35,9 @@ from sandlot._models import (
     ResourceUsage,
     Result,
     WriteInfo,
-)
-from sandlot._sandbox import (
-    DEFAULT_COMMAND_TIMEOUT,
-    DEFAULT_CONTEXT,
-    HOST_BACKSTOP,
-    REQUEST_TIMEOUT,
-    _cell_limit,
-    _check_envs,
-    _check_path,
-    _chunks,
-    _context_from_wire,
-    _context_id,
-    _Core,
-    _PrecheckPolicy,
-    _seconds,
+    context_from_wire,
+    entries_from_wire,
+    entry_from_wire,
 )
 from sandlot.backends import Backend
 from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
@@ -120,41 +111,28 @@ def _error(name: str, message: str, status: int | None = None) -> errors.Sandlot
     return errors.ServerError(f"server answered {status}: {message}", status)
 
 
-class RemoteCore(_Core):
-    """:class:`sandlot._sandbox._Core` over HTTP. Same methods, same results."""
+class RemoteCore:
+    """A sandbox on a sandlot server (:class:`sandlot._core.Core` over HTTP)."""
 
-    def __init__(
-        self,
-        target: RemoteTarget,
-        *,
-        template: str,
-        resources: Resources | Mapping[str, Any] | None,
-        envs: Mapping[str, str] | None,
-        timeout: float | None,
-        metadata: Mapping[str, str] | None,
-        unsafe_best_effort_limits: bool = False,
-        precheck: _PrecheckPolicy | None = None,
-        network: NetworkPolicy | Mapping[str, Any] | None = None,
-    ) -> None:
-        # _Core.__init__ is not called: nothing of the local machinery applies here.
-        # The pre-check policy runs here, in the caller's process, as it does locally
-        # (its approval hook is the caller's code); the server records its own report.
-        self.precheck = precheck or _PrecheckPolicy()
-        # No backend runs on this side; the server picks its own.
-        self.backend = None  # type: ignore[assignment]
-        if unsafe_best_effort_limits:
+    def __init__(self, target: RemoteTarget, options: SandboxOptions) -> None:
+        if options.unsafe_best_effort_limits:
             raise errors.InvalidArgumentError(
                 "unsafe_best_effort_limits is the server's decision in remote mode "
                 "(sandlot serve --unsafe-best-effort-limits)"
             )
+        if options.pool not in (None, False):
+            raise errors.InvalidArgumentError(
+                "pool= is for sandboxes on this machine, not on a server"
+            )
+        # No backend runs on this side; the server picks its own.
         self.spec = SandboxSpec(
-            template=template,
-            resources=Resources.coerce(resources),
-            envs=dict(envs or {}),
-            network=NetworkPolicy.coerce(network),
+            template=options.template,
+            resources=options.resources,
+            envs=dict(options.envs),
+            network=options.network,
         )
-        self.metadata = dict(metadata or {})
-        self._timeout = None if timeout is None else _seconds(timeout)
+        self.metadata = dict(options.metadata)
+        self._timeout = options.timeout
         self._client = httpx.Client(
             base_url=target.url,
             headers={"Authorization": f"Bearer {target.key}"},
@@ -163,10 +141,22 @@ class RemoteCore(_Core):
         self._lock = threading.RLock()
         self._closed = False
         self._id: str | None = None
+        self._restarts = 0
+
+    @classmethod
+    def open(cls, target: RemoteTarget, options: SandboxOptions) -> RemoteCore:
+        """Construct and create the sandbox on the server."""
+        core = cls(target, options)
+        try:
+            core.start()
+        except BaseException:
+            core.kill()
+            raise
+        return core
 
     # --- plumbing ---------------------------------------------------------------------
     @property
-    def sandbox_id(self) -> str:  # type: ignore[override]
+    def sandbox_id(self) -> str:
         if self._id is None:
             raise errors.SandboxClosed("the sandbox was not created")
         return self._id
@@ -206,21 +196,24 @@ class RemoteCore(_Core):
         return info
 
     @property
-    def restarts(self) -> int:  # type: ignore[override]
-        """How often the server had to start a new sandbox behind this one."""
-        return int(self._info()["restarts"])
+    def restarts(self) -> int:
+        """How often the server had to start a new sandbox behind this one, as of its
+        last answer to :meth:`is_running` (no request here: the async twin reads it on
+        the event loop)."""
+        return self._restarts
 
     def is_running(self) -> bool:
         if self._closed or self._id is None:
             return False
         try:
-            return bool(self._info()["running"])
+            info = self._info()
         except errors.SandboxClosed:
             return False
+        self._restarts = int(info.get("restarts", self._restarts))
+        return bool(info["running"])
 
     def set_timeout(self, timeout: float | None) -> None:
-        value = None if timeout is None else _seconds(timeout)
-        self._request("POST", self._path("/timeout"), json={"timeout": value})
+        self._request("POST", self._path("/timeout"), json={"timeout": timeout})
 
     def kill(self) -> None:
         with self._lock:
@@ -235,56 +228,28 @@ class RemoteCore(_Core):
         finally:
             self._client.close()
 
-    # --- request/reply (files.*, interrupt) -----------------------------------------
-    def call(self, message: dict[str, Any], timeout: float | None = None) -> Any:
-        """The protocol requests ``Filesystem`` sends, as HTTP calls."""
-        kind = message["type"]
-        if kind == "fs_list":
-            params = {"path": message["path"], "depth": message["depth"]}
-            return self._request("GET", self._path("/files/list"), params=params).json()
-        if kind == "fs_stat":
-            params = {"path": message["path"]}
-            return self._request("GET", self._path("/files/info"), params=params).json()
-        if kind == "fs_remove":
-            self._request("DELETE", self._path("/files"), params={"path": message["path"]})
-            return None
-        if kind == "fs_mkdir":
-            params = {"path": message["path"]}
-            return self._request("POST", self._path("/files/mkdir"), params=params).json()[
-                "created"
-            ]
-        if kind == "fs_rename":
-            body = {"old_path": message["src"], "new_path": message["dst"]}
-            return self._request("POST", self._path("/files/rename"), json=body).json()
-        if kind == "interrupt":
-            body = {"context_id": message["context"]}
-            self._request("POST", self._path("/interrupt"), json=body)
-            return None
-        raise errors.InvalidArgumentError(f"remote mode cannot send {kind!r}")
+    def interrupt(self, context: str) -> None:
+        self._request("POST", self._path("/interrupt"), json={"context_id": context})
 
     # --- code -------------------------------------------------------------------------
     def run_code(
         self,
         code: str,
         *,
-        language: str | None,
-        context: Context | str | None,
+        context: str,
+        envs: dict[str, str],
+        timeout: float,
         callbacks: Callbacks,
-        envs: Mapping[str, str] | None,
-        timeout: float | None,
     ) -> Execution:
-        limit = _cell_limit(code, language, timeout)
-        code, report, refused = self.precheck.gate(code)
-        if refused is not None:
-            return refused
+        limit = timeout
         body = {
             "code": code,
-            "context_id": _context_id(context),
-            "language": language,
-            "env_vars": _check_envs(envs),
+            "context_id": context,
+            "language": "python",
+            "env_vars": envs,
             "timeout": limit,
         }
-        execution = Execution(precheck=report)
+        execution = Execution()
         wait = httpx.Timeout(limit + HOST_BACKSTOP + STREAM_SLACK, connect=10.0)
         try:
             with self._client.stream(
@@ -360,22 +325,17 @@ class RemoteCore(_Core):
     # --- contexts ---------------------------------------------------------------------
     def create_code_context(self, cwd: str | None, language: str | None) -> Context:
         body = {"cwd": cwd, "language": language}
-        return _context_from_wire(self._request("POST", self._path("/contexts"), json=body).json())
+        return context_from_wire(self._request("POST", self._path("/contexts"), json=body).json())
 
     def list_code_contexts(self) -> list[Context]:
         items = self._request("GET", self._path("/contexts")).json()
-        return [_context_from_wire(item) for item in items]
+        return [context_from_wire(item) for item in items]
 
-    def restart_code_context(self, context: Context | str | None) -> None:
-        self._request("POST", self._path(f"/contexts/{_context_id(context)}/restart"))
+    def restart_code_context(self, context: str) -> None:
+        self._request("POST", self._path(f"/contexts/{context}/restart"))
 
-    def remove_code_context(self, context: Context | str) -> None:
-        context_id = _context_id(context)
-        if context_id == DEFAULT_CONTEXT:
-            raise errors.InvalidArgumentError(
-                "the default context cannot be removed; restart it instead"
-            )
-        self._request("DELETE", self._path(f"/contexts/{context_id}"))
+    def remove_code_context(self, context: str) -> None:
+        self._request("DELETE", self._path(f"/contexts/{context}"))
 
     # --- commands ---------------------------------------------------------------------
     def run_command(
@@ -383,19 +343,12 @@ class RemoteCore(_Core):
         cmd: str,
         *,
         cwd: str | None,
-        envs: Mapping[str, str] | None,
-        timeout: float | None,
+        envs: dict[str, str],
+        timeout: float,
         callbacks: Callbacks,
     ) -> CommandResult:
-        if not isinstance(cmd, str) or not cmd.strip():
-            raise errors.InvalidArgumentError("cmd must be a non-empty string")
-        limit = DEFAULT_COMMAND_TIMEOUT if timeout is None else _seconds(timeout)
-        body = {
-            "cmd": cmd,
-            "cwd": _check_path(cwd) if cwd else None,
-            "envs": _check_envs(envs),
-            "timeout": limit,
-        }
+        limit = timeout
+        body = {"cmd": cmd, "cwd": cwd, "envs": envs, "timeout": limit}
         out: dict[str, list[str]] = {"stdout": [], "stderr": []}
         wait = httpx.Timeout(limit + HOST_BACKSTOP + STREAM_SLACK, connect=10.0)
         try:
@@ -433,9 +386,6 @@ class RemoteCore(_Core):
 
     # --- files ------------------------------------------------------------------------
     def read_chunks(self, path: str) -> Iterator[bytes]:
-        return self._read(_check_path(path))
-
-    def _read(self, path: str) -> Iterator[bytes]:
         try:
             with self._client.stream(
                 "GET", self._path("/files"), params={"path": path}
@@ -445,22 +395,13 @@ class RemoteCore(_Core):
         except httpx.TransportError as exc:
             raise errors.SandboxLost(f"the server stopped sending {path}: {exc}") from exc
 
-    def write(self, path: str, data: str | bytes | IO[Any]) -> WriteInfo:
-        path = _check_path(path)
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-        limit = self.spec.resources.disk_mb
-        if isinstance(data, bytes) and limit is not None and len(data) > limit * 1024 * 1024:
-            raise errors.InvalidArgumentError(
-                f"{path}: upload larger than the sandbox workspace ({limit} MiB); "
-                "raise Resources(disk_mb=...)"
-            )
+    def write(self, path: str, chunks: Iterator[bytes]) -> WriteInfo:
         # No read timeout: a large upload may take long; connect still bounds a dead server.
         info = self._request(
             "POST",
             self._path("/files"),
             params={"path": path},
-            content=_chunks(data),
+            content=chunks,
             headers={"content-type": "application/octet-stream"},
             timeout=httpx.Timeout(None, connect=10.0),
         ).json()
@@ -470,6 +411,29 @@ class RemoteCore(_Core):
             type=FileType(kind) if kind in ("file", "dir") else None,
             path=str(info["path"]),
         )
+
+    def list_dir(self, path: str, depth: int) -> list[EntryInfo]:
+        params = {"path": path, "depth": depth}
+        return entries_from_wire(
+            self._request("GET", self._path("/files/list"), params=params).json()
+        )
+
+    def stat(self, path: str) -> EntryInfo:
+        params = {"path": path}
+        return entry_from_wire(
+            self._request("GET", self._path("/files/info"), params=params).json()
+        )
+
+    def remove(self, path: str) -> None:
+        self._request("DELETE", self._path("/files"), params={"path": path})
+
+    def make_dir(self, path: str) -> bool:
+        response = self._request("POST", self._path("/files/mkdir"), params={"path": path})
+        return bool(response.json()["created"])
+
+    def rename(self, old_path: str, new_path: str) -> EntryInfo:
+        body = {"old_path": old_path, "new_path": new_path}
+        return entry_from_wire(self._request("POST", self._path("/files/rename"), json=body).json())
 
 
 def _network_body(policy: NetworkPolicy) -> dict[str, Any]:

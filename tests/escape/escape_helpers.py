@@ -141,7 +141,7 @@ def is_container(sbx: Sandbox) -> bool:
 
 def is_gvisor(sbx: Sandbox) -> bool:
     """Whether ``sbx`` runs under gVisor (runsc): its processes are not host processes."""
-    return getattr(sbx._core.backend, "runtime", None) == "runsc"
+    return getattr(getattr(sbx._core, "backend", None), "runtime", None) == "runsc"
 
 
 def xfail_under_gvisor(

@@ -53,7 +53,7 @@ def _strays(list_processes: ListProcesses, sbx: Sandbox) -> list[dict[str, Any]]
 
 
 def _gvisor(sbx: Sandbox) -> bool:
-    return getattr(sbx._core.backend, "runtime", None) == "runsc"
+    return getattr(getattr(sbx._core, "backend", None), "runtime", None) == "runsc"
 
 
 def _png_size(b64: str) -> tuple[int, int, int]:

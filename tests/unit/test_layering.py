@@ -27,11 +27,7 @@ grimp = pytest.importorskip("grimp", reason="grimp comes with import-linter (the
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "sandlot"
 
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"sandlot._remote", "sandlot._sandbox"}): (
-        "RemoteCore subclasses the local core; being split into peers behind one core protocol"
-    ),
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 """Cycles that exist on purpose or are being removed; every entry needs its reason."""
 
 RUNNER_THIRD_PARTY: dict[tuple[str, str], str] = {

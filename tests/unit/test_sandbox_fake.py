@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-import sandlot._sandbox as sandbox_module
+import sandlot._local as local_module
+import sandlot.validate as validate_module
 from sandlot import (
     AsyncSandbox,
     Context,
@@ -37,6 +38,7 @@ from sandlot import (
     SandboxLost,
 )
 from sandlot.backends import get_backend
+from sandlot.policy import SandboxSpec
 from sandlot.protocol import CHUNK_BYTES
 from sandlot.testing import Die, FakeBackend, echo_handler
 
@@ -122,7 +124,7 @@ def test_echo_handler(make: Callable[..., tuple[Sandbox, FakeBackend]]) -> None:
 
 
 def test_fake_handle_directly() -> None:
-    handle = FakeBackend(echo_handler).start(sandbox_module.SandboxSpec())
+    handle = FakeBackend(echo_handler).start(SandboxSpec())
     stream = handle.request(
         {"type": "execute", "code": "x", "context": "default", "envs": {}, "timeout": 1}
     )
@@ -143,13 +145,13 @@ def test_fake_handle_directly() -> None:
 def test_fake_rejects_requests_the_protocol_forbids() -> None:
     from sandlot.protocol import ProtocolViolation
 
-    handle = FakeBackend(echo_handler).start(sandbox_module.SandboxSpec())
+    handle = FakeBackend(echo_handler).start(SandboxSpec())
     with pytest.raises(ProtocolViolation):
         handle.request({"type": "fs_read"})
 
 
 def _handle(handler: Any) -> Any:
-    return FakeBackend(handler).start(sandbox_module.SandboxSpec())
+    return FakeBackend(handler).start(SandboxSpec())
 
 
 LIST = {"type": "list_contexts"}
@@ -250,7 +252,7 @@ def test_run_code_folds_events(make: Callable[..., tuple[Sandbox, FakeBackend]])
     assert request["code"] == "x = 1; print('hi'); x + 1"
     assert request["context"] == "default"
     assert request["envs"] == {}
-    assert request["timeout"] == sandbox_module.DEFAULT_CELL_TIMEOUT
+    assert request["timeout"] == validate_module.DEFAULT_CELL_TIMEOUT
     assert request["id"].startswith(sbx.sandbox_id)
 
 
@@ -413,7 +415,7 @@ def test_killed_from_outside_between_cells(
 def test_runner_that_never_exits_hits_the_host_backstop(
     make: Callable[..., tuple[Sandbox, FakeBackend]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox_module, "HOST_BACKSTOP", 0.1)
+    monkeypatch.setattr(local_module, "HOST_BACKSTOP", 0.1)
 
     def hangs(request: Request) -> Events:
         yield {"type": "stdout", "text": "started\n"}
@@ -514,13 +516,13 @@ def test_commands_run(make: Callable[..., tuple[Sandbox, FakeBackend]]) -> None:
     assert lines == ["out\n"]
     request = backend.requests[0]
     assert (request["cmd"], request["cwd"], request["envs"]) == ("false", "sub", {"A": "b"})
-    assert request["timeout"] == sandbox_module.DEFAULT_COMMAND_TIMEOUT
+    assert request["timeout"] == validate_module.DEFAULT_COMMAND_TIMEOUT
 
 
 def test_command_host_backstop(
     make: Callable[..., tuple[Sandbox, FakeBackend]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox_module, "HOST_BACKSTOP", 0.05)
+    monkeypatch.setattr(local_module, "HOST_BACKSTOP", 0.05)
     sbx, backend = make(Runner(command=lambda r: iter([{"type": "stdout", "text": "x"}])))
     result = sbx.commands.run("sleep 100", timeout=0.05)
     assert result.error == "timeout"
@@ -632,7 +634,7 @@ def test_big_write_is_chunked_with_append(
 def test_write_from_file_objects(
     make: Callable[..., tuple[Sandbox, FakeBackend]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox_module, "CHUNK_BYTES", 4)
+    monkeypatch.setattr(validate_module, "CHUNK_BYTES", 4)
     files = Files()
     sbx, backend = make(files.runner())
     sbx.files.write("b.bin", io.BytesIO(b"0123456789"))
@@ -682,7 +684,7 @@ def test_uploads_over_the_upload_limit_are_refused_before_sending(
 def test_a_stream_growing_past_the_upload_limit_leaves_no_partial_file(
     make: Callable[..., tuple[Sandbox, FakeBackend]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox_module, "CHUNK_BYTES", 4)
+    monkeypatch.setattr(validate_module, "CHUNK_BYTES", 4)
     files = Files()
     runner = files.runner()
     removed: list[str] = []
@@ -838,7 +840,7 @@ def test_file_operations_send_the_right_requests(
 def test_unanswered_request_raises_sandbox_lost_and_restarts(
     make: Callable[..., tuple[Sandbox, FakeBackend]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox_module, "REQUEST_TIMEOUT", 0.05)
+    monkeypatch.setattr(local_module, "REQUEST_TIMEOUT", 0.05)
     runner = Runner(fs_stat=lambda r: [])  # never replies
     sbx, backend = make(runner)
     with pytest.raises(SandboxLost, match="did not answer fs_stat"):
@@ -853,7 +855,7 @@ def test_unanswered_request_raises_sandbox_lost_and_restarts(
 def test_stalled_read_raises_sandbox_lost_and_restarts(
     make: Callable[..., tuple[Sandbox, FakeBackend]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sandbox_module, "REQUEST_TIMEOUT", 0.05)
+    monkeypatch.setattr(local_module, "REQUEST_TIMEOUT", 0.05)
     sbx, backend = make(Runner(fs_read=lambda r: [{"type": "data", "data": "AA=="}]))
     with pytest.raises(SandboxLost, match="stopped sending"):
         sbx.files.read("a")

@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sandlot
-from sandlot import _exceptions as errors
 from sandlot.server._e2b import e2b_routers
 from sandlot.server._manager import ApiError, SandboxManager
 from sandlot.server._metrics import Metrics
@@ -27,19 +26,19 @@ from sandlot.server._store import Principal, Store
 
 log = logging.getLogger("sandlot.server")
 
-_STATUS: tuple[tuple[type[errors.SandlotError], int], ...] = (
+_STATUS: tuple[tuple[type[sandlot.SandlotError], int], ...] = (
     # First match wins: subclasses before their parents.
-    (errors.NotFoundError, 404),
-    (errors.ContextNotFoundError, 404),
-    (errors.SandboxClosed, 404),
-    (errors.InvalidArgumentError, 400),
-    (errors.PolicyError, 400),
-    (errors.FileOperationError, 400),
-    (errors.TemplateError, 400),
-    (errors.QuotaExceeded, 429),
-    (errors.AuthenticationError, 401),
-    (errors.BackendError, 503),
-    (errors.SandboxLost, 503),
+    (sandlot.NotFoundError, 404),
+    (sandlot.ContextNotFoundError, 404),
+    (sandlot.SandboxClosed, 404),
+    (sandlot.InvalidArgumentError, 400),
+    (sandlot.PolicyError, 400),
+    (sandlot.FileOperationError, 400),
+    (sandlot.TemplateError, 400),
+    (sandlot.QuotaExceeded, 429),
+    (sandlot.AuthenticationError, 401),
+    (sandlot.BackendError, 503),
+    (sandlot.SandboxLost, 503),
 )
 
 
@@ -55,10 +54,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return _error(exc.status, exc.type, exc.message)
 
-    @app.exception_handler(errors.SandlotError)
-    async def sandlot_error(request: Request, exc: errors.SandlotError) -> JSONResponse:
+    @app.exception_handler(sandlot.SandlotError)
+    async def sandlot_error(request: Request, exc: sandlot.SandlotError) -> JSONResponse:
         sandbox_id = request.path_params.get("sandbox_id")
-        if isinstance(exc, errors.SandboxLost | errors.SandboxClosed) and sandbox_id:
+        if isinstance(exc, sandlot.SandboxLost | sandlot.SandboxClosed) and sandbox_id:
             try:
                 principal = await authenticate(request)
                 state_of(request).manager.get(principal, sandbox_id)

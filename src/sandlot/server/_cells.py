@@ -25,7 +25,6 @@ from concurrent.futures import Executor
 from typing import Any
 
 from sandlot import Execution, ExecutionError, OutputMessage, Result, SandlotError
-from sandlot._models import MIME_FIELDS
 from sandlot.server._manager import RunningCell, SandboxManager
 from sandlot.server._metrics import Metrics
 from sandlot.server._store import Principal, Store
@@ -47,7 +46,7 @@ OUTCOME = {
 
 def result_message(result: Result) -> dict[str, Any]:
     message: dict[str, Any] = {"type": "result", "is_main_result": result.is_main_result}
-    for name in ("text", *MIME_FIELDS.values()):
+    for name in ("text", *(name for name in result.formats() if name not in result.extra)):
         value = getattr(result, name)
         if value is not None:
             message[name] = value

@@ -21,8 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandlot import Resources, Sandbox, SandlotError
-from sandlot._exceptions import InvalidArgumentError, IsolationUnavailable
+from sandlot import InvalidArgumentError, IsolationUnavailable, Resources, Sandbox, SandlotError
 from sandlot.backends import get_backend
 from sandlot.backends._cgroups import sweep_orphans
 from sandlot.backends.docker import cleanup_orphans
@@ -72,7 +71,7 @@ class ManagedSandbox:
             "started_at": self.created_at,
             "expires_at": self.expires_at,
             "running": self.sandbox.is_running(),
-            "restarts": self.sandbox._core.restarts,
+            "restarts": self.sandbox.restarts,
             "network": policy_dict(self.sandbox.network),
         }
 
@@ -439,7 +438,7 @@ class SandboxManager:
 
 def _bwrap_pid(sandbox: Sandbox) -> int | None:
     """The host pid of the sandbox's bwrap process, for crash recovery (None if unknown)."""
-    handle = getattr(sandbox._core, "_handle", None)
+    handle = sandbox.handle
     process = getattr(handle, "_process", None)
     pid = getattr(process, "pid", None)
     return pid if isinstance(pid, int) else None

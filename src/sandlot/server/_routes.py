@@ -19,12 +19,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from sandlot import EntryInfo, InvalidArgumentError, SandlotError
-from sandlot._sandbox import DEFAULT_CELL_TIMEOUT, _check_envs, _check_path, _context_id, _seconds
 from sandlot.policy import MiB, Resources
 from sandlot.server._cells import CellRunner, exception_message, ndjson
 from sandlot.server._manager import ApiError, ManagedSandbox
 from sandlot.server._state import ServerState, authenticate, state_of
 from sandlot.server._store import Principal
+from sandlot.validate import DEFAULT_CELL_TIMEOUT, check_envs, check_path, context_id, seconds
 
 LANGUAGES = (None, "python", "py", "python3")
 MAX_CELL_TIMEOUT = 86400.0
@@ -284,9 +284,9 @@ async def execute(
         )
     # The same checks run_code makes, made before the 200 is sent so that they can
     # still be a 400.
-    context = _context_id(body.context_id)
-    timeout = _seconds(body.timeout) if body.timeout is not None else default_timeout
-    envs = _check_envs(body.env_vars)
+    context = context_id(body.context_id)
+    timeout = seconds(body.timeout) if body.timeout is not None else default_timeout
+    envs = check_envs(body.env_vars)
     cell = state.manager.new_cell(entry, context)
     runner = CellRunner(
         manager=state.manager,
@@ -387,7 +387,7 @@ async def upload(
     Refused with 413 as soon as it passes the server's upload limit or the
     sandbox's workspace size (``disk_mb``).
     """
-    _check_path(path)
+    check_path(path)
     limit = state.settings.max_upload_bytes
     if entry.resources.upload_bytes is not None:
         limit = min(limit, entry.resources.upload_bytes)
@@ -507,9 +507,9 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
     state = state_of(request)
     if not body.cmd.strip():
         raise InvalidArgumentError("cmd must be a non-empty string")
-    envs = _check_envs(body.envs)
-    cwd = _check_path(body.cwd) if body.cwd else None
-    timeout = _seconds(body.timeout) if body.timeout is not None else None
+    envs = check_envs(body.envs)
+    cwd = check_path(body.cwd) if body.cwd else None
+    timeout = seconds(body.timeout) if body.timeout is not None else None
 
     def work(push: Any) -> None:
         state.manager.touch(entry, +1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from sandlot._exceptions import InvalidArgumentError
+from sandlot import InvalidArgumentError
 from sandlot.policy import MiB, NetworkPolicy
 
 

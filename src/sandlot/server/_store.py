@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from sandlot._exceptions import InvalidArgumentError
+from sandlot import InvalidArgumentError
 
 KEY_PREFIX = "sl"
 _metadata = sa.MetaData()

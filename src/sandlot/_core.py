@@ -1,0 +1,128 @@
+"""The seam under ``Sandbox`` and ``AsyncSandbox``: one core protocol, two peers.
+
+::
+
+    Sandbox / AsyncSandbox          validation (sandlot.validate), pre-check, callbacks
+            │  Core (this protocol): checked arguments in, values out
+            ├── LocalCore   (_local.py)    a backend on this machine (bwrap, zygote, docker, ...)
+            └── RemoteCore  (_remote.py)   a sandlot server over HTTP
+
+The facades check every argument and apply the pre-check before calling a core, so
+the cores receive normalised values (seconds as floats, context ids, checked paths
+and environments) and only move them: the two modes cannot drift in what they
+accept. ``AsyncSandbox`` wraps a ``Sandbox`` and runs its calls in worker threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from sandlot._precheck_gate import PrecheckPolicy
+from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
+
+if TYPE_CHECKING:
+    from sandlot._fold import Callbacks
+    from sandlot._models import CommandResult, Context, EntryInfo, Execution, WriteInfo
+    from sandlot.backends import Backend
+    from sandlot.pool import Pool
+
+REQUEST_TIMEOUT = 60.0
+"""Seconds to wait for a file or context operation."""
+HOST_BACKSTOP = 5.0
+"""Extra seconds the host waits past a cell's timeout (the runner's own kill takes ~1 s)
+before it stops trusting the runner and destroys the whole sandbox."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxOptions:
+    """What ``Sandbox(...)`` was asked for, checked (the constructor's arguments, once)."""
+
+    template: str = "python-data"
+    backend: str | Backend = "auto"
+    resources: Resources = field(default_factory=Resources)
+    envs: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    unsafe_best_effort_limits: bool = False
+    precheck: PrecheckPolicy = field(default_factory=PrecheckPolicy)
+    api_url: str | None = None
+    api_key: str | None = None
+    pool: Pool | bool | None = None
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+
+
+class Core(Protocol):
+    """One sandbox, local or remote. Arguments arrive checked; failures raise
+    :class:`sandlot.SandlotError` subclasses; user-code outcomes are values."""
+
+    @property
+    def sandbox_id(self) -> str: ...
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The sandbox as started (for remote mode: as the server granted it)."""
+        ...
+
+    @property
+    def restarts(self) -> int:
+        """How often a new sandbox had to replace a dead one behind this object."""
+        ...
+
+    def is_running(self) -> bool: ...
+
+    def set_timeout(self, timeout: float | None) -> None: ...
+
+    def kill(self) -> None:
+        """Idempotent; never raises for a sandbox that is already gone."""
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        context: str,
+        envs: dict[str, str],
+        timeout: float,
+        callbacks: Callbacks,
+    ) -> Execution: ...
+
+    def interrupt(self, context: str) -> None: ...
+
+    def create_code_context(self, cwd: str | None, language: str | None) -> Context: ...
+
+    def list_code_contexts(self) -> list[Context]: ...
+
+    def restart_code_context(self, context: str) -> None: ...
+
+    def remove_code_context(self, context: str) -> None: ...
+
+    def run_command(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None,
+        envs: dict[str, str],
+        timeout: float,
+        callbacks: Callbacks,
+    ) -> CommandResult: ...
+
+    def read_chunks(self, path: str) -> Iterator[bytes]:
+        """The file's bytes in chunks; the first chunk is fetched lazily, so callers
+        check the path before calling."""
+        ...
+
+    def write(self, path: str, chunks: Iterator[bytes]) -> WriteInfo:
+        """Create or overwrite ``path`` with ``chunks`` (already checked against the
+        upload limits; an exception from the iterator leaves no partial file)."""
+        ...
+
+    def list_dir(self, path: str, depth: int) -> list[EntryInfo]: ...
+
+    def stat(self, path: str) -> EntryInfo: ...
+
+    def remove(self, path: str) -> None: ...
+
+    def make_dir(self, path: str) -> bool: ...
+
+    def rename(self, old_path: str, new_path: str) -> EntryInfo: ...

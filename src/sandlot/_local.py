@@ -1,0 +1,426 @@
+"""Local mode: a sandbox on this machine, started by a backend (the default core).
+
+:class:`LocalCore` owns one backend handle: it starts it (from a pool when asked),
+restarts it when it dies, kills it at the sandbox's timeout, speaks the runner's
+protocol (:mod:`sandlot.protocol`) and folds the events into ``Execution`` and
+``CommandResult`` values. It is thread-safe; ``AsyncSandbox`` calls it from worker
+threads.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from sandlot._core import HOST_BACKSTOP, REQUEST_TIMEOUT, SandboxOptions
+from sandlot._exceptions import (
+    ContextNotFoundError,
+    FileOperationError,
+    InvalidArgumentError,
+    NotFoundError,
+    PathNotAllowedError,
+    SandboxClosed,
+    SandboxLost,
+    SandlotError,
+)
+from sandlot._fold import Callbacks, CommandBuilder, ExecutionBuilder
+from sandlot._models import (
+    CommandResult,
+    Context,
+    EntryInfo,
+    Execution,
+    ExecutionError,
+    ResourceUsage,
+    WriteInfo,
+    context_from_wire,
+    entries_from_wire,
+    entry_from_wire,
+)
+from sandlot.backends import EventStream, SandboxHandle, get_backend
+from sandlot.policy import MiB, SandboxSpec
+from sandlot.pool import Pool, default_pool
+
+OOM_POLL = 0.2
+"""Seconds between checks of the sandbox's out-of-memory counter while a cell runs."""
+NETWORK_SETTLE = 1.0
+"""Seconds a finished cell waits for its egress connections to be closed, so that
+their records (with byte counts) land on its Execution rather than the next one."""
+
+
+_ERRORS: dict[str, type[SandlotError]] = {
+    "NotFoundError": NotFoundError,
+    "FileOperationError": FileOperationError,
+    "ContextNotFoundError": ContextNotFoundError,
+    "InvalidArgumentError": InvalidArgumentError,
+    "PathNotAllowedError": PathNotAllowedError,
+}
+
+
+class LocalCore:
+    """A sandbox on this machine, through a backend (:class:`sandlot._core.Core`)."""
+
+    def __init__(self, options: SandboxOptions) -> None:
+        self.pool = _pool(options.pool)
+        self.sandbox_id = uuid.uuid4().hex[:16]
+        self.spec = SandboxSpec(
+            template=options.template,
+            resources=options.resources,
+            envs=dict(options.envs),
+            unsafe_best_effort_limits=options.unsafe_best_effort_limits,
+            preload=() if self.pool is None else self.pool.preload,
+            sandbox_id=self.sandbox_id,
+            network=options.network,
+        )
+        self.backend = get_backend(options.backend)
+        self.metadata = dict(options.metadata)
+        self._handle: SandboxHandle | None = None
+        self._lock = threading.RLock()
+        self._closed = False
+        self._timer: threading.Timer | None = None
+        self._ids = itertools.count(1)
+        self.restarts = 0
+        self.set_timeout(options.timeout)
+
+    @classmethod
+    def open(cls, options: SandboxOptions) -> LocalCore:
+        """Construct and start; a sandbox that fails to start leaves nothing behind."""
+        core = cls(options)
+        try:
+            core.start()
+        except BaseException:
+            core.kill()
+            raise
+        return core
+
+    # --- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        self._ensure()
+
+    def _ensure(self) -> SandboxHandle:
+        with self._lock:
+            if self._closed:
+                raise SandboxClosed(f"sandbox {self.sandbox_id} was killed")
+            if self._handle is None or not self._handle.alive:
+                if self._handle is not None:
+                    self._handle.kill()
+                    self.restarts += 1
+                if self.pool is not None:
+                    self._handle = self.pool.acquire(self.spec, self.backend)
+                else:
+                    self._handle = self.backend.start(self.spec)
+            return self._handle
+
+    @property
+    def handle(self) -> SandboxHandle | None:
+        """The live backend handle, if any (for hosts such as ``sandlot serve``)."""
+        handle = self._handle
+        return handle if handle is not None and handle.alive else None
+
+    def is_running(self) -> bool:
+        return not self._closed and self._handle is not None and self._handle.alive
+
+    def set_timeout(self, timeout: float | None) -> None:
+        """Kill the sandbox ``timeout`` seconds from now (None: live until killed)."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if timeout is not None and not self._closed:
+                self._timer = threading.Timer(timeout, self.kill)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def kill(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.kill()
+
+    def _next_id(self) -> str:
+        return f"{self.sandbox_id}-{next(self._ids)}"
+
+    def _stream(self, message: dict[str, Any]) -> EventStream:
+        return self._ensure().request({**message, "id": self._next_id()})
+
+    # --- request/reply ----------------------------------------------------------------
+    def call(self, message: dict[str, Any], timeout: float | None = None) -> Any:
+        """Send a request that ends in a ``reply``; return its value or raise."""
+        timeout = REQUEST_TIMEOUT if timeout is None else timeout  # read now: patchable
+        stream = self._stream(message)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                event = stream.next(max(0.0, deadline - time.monotonic()))
+                if event is None:
+                    # SandboxLost promises a new sandbox on next use: do not leave the
+                    # silent one in place (every later call would hang on it too).
+                    self._discard_handle()
+                    raise SandboxLost(
+                        f"the sandbox did not answer {message['type']} within {timeout:g} s"
+                    )
+                if event["type"] == "reply":
+                    if event["ok"]:
+                        return event.get("value")
+                    error = event.get("error") or {}
+                    cls = _ERRORS.get(str(error.get("name")), FileOperationError)
+                    raise cls(str(error.get("message", "operation failed")))
+        finally:
+            stream.close()
+
+    # --- code -------------------------------------------------------------------------
+    def run_code(
+        self,
+        code: str,
+        *,
+        context: str,
+        envs: dict[str, str],
+        timeout: float,
+        callbacks: Callbacks,
+    ) -> Execution:
+        limit, context_id = timeout, context
+        builder = ExecutionBuilder(self.spec.resources, callbacks)
+        started = time.monotonic()
+        try:
+            handle = self._ensure()
+            before = handle.usage()
+            stream = self._stream(
+                {
+                    "type": "execute",
+                    "code": code,
+                    "context": context_id,
+                    "envs": envs,
+                    "timeout": limit,
+                }
+            )
+        except SandboxLost as exc:
+            return self._lost(builder, str(exc), started)
+        deadline = started + limit + HOST_BACKSTOP
+        stopped_for_memory = False
+        try:
+            while not builder.finished:
+                now = time.monotonic()
+                event = stream.next(max(0.0, min(deadline - now, OOM_POLL)))
+                if event is not None:
+                    builder.add(event)
+                    continue
+                if time.monotonic() >= deadline:
+                    # The runner did not stop the cell in time: it is hung or hostile.
+                    self._discard_handle()
+                    execution = builder.abort(
+                        "timeout",
+                        "TimeoutError",
+                        f"execution timed out after {limit:g} seconds and the sandbox did not "
+                        "respond; it was destroyed and a new one starts on the next call "
+                        "(files and variables were lost)",
+                    )
+                    execution.duration = time.monotonic() - started
+                    return execution
+                if not stopped_for_memory and _oom_since(before, handle.usage()):
+                    # The kernel killed a process for the sandbox's memory limit. Stop the
+                    # whole cell (what is left of it would run on a starved sandbox, and
+                    # its result could silently miss a killed worker's part).
+                    stopped_for_memory = True
+                    with contextlib.suppress(SandlotError):
+                        self.call({"type": "interrupt", "context": context_id}, timeout=5)
+        except SandboxLost as exc:
+            return self._lost(builder, str(exc), started)
+        finally:
+            stream.close()
+        execution = builder.execution
+        execution.duration = time.monotonic() - started
+        if self.spec.network.enabled:
+            execution.network = handle.network_events(settle=NETWORK_SETTLE)
+        after = handle.usage()
+        if after is not None:
+            cpu = after.cpu_seconds
+            if cpu is not None and before is not None and before.cpu_seconds is not None:
+                cpu = max(0.0, cpu - before.cpu_seconds)
+            execution.usage = dataclasses.replace(after, cpu_seconds=cpu)
+            if _oom_since(before, after):
+                _report_oom(execution, after, after.oom_kills - (before.oom_kills if before else 0))
+        return execution
+
+    def _lost(self, builder: ExecutionBuilder, reason: str, started: float) -> Execution:
+        self._discard_handle()
+        execution = builder.abort(
+            "died",
+            "SandboxLostError",
+            f"{reason}; what the cell printed before is kept. A new sandbox starts on the "
+            "next call (files and variables were lost).",
+        )
+        execution.duration = time.monotonic() - started
+        return execution
+
+    def _discard_handle(self) -> None:
+        with self._lock:
+            handle = self._handle
+        if handle is not None:
+            handle.kill()
+
+    def interrupt(self, context: str) -> None:
+        self.call({"type": "interrupt", "context": context})
+
+    # --- contexts ---------------------------------------------------------------------
+    def create_code_context(self, cwd: str | None, language: str | None) -> Context:
+        value = self.call(
+            {"type": "create_context", "cwd": cwd or "", "language": language or "python"}
+        )
+        return context_from_wire(value)
+
+    def list_code_contexts(self) -> list[Context]:
+        return [context_from_wire(item) for item in self.call({"type": "list_contexts"})]
+
+    def restart_code_context(self, context: str) -> None:
+        self.call({"type": "restart_context", "context": context})
+
+    def remove_code_context(self, context: str) -> None:
+        self.call({"type": "remove_context", "context": context})
+
+    # --- commands ---------------------------------------------------------------------
+    def run_command(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None,
+        envs: dict[str, str],
+        timeout: float,
+        callbacks: Callbacks,
+    ) -> CommandResult:
+        limit = timeout
+        builder = CommandBuilder(self.spec.resources, callbacks)
+        stream = self._stream(
+            {
+                "type": "command",
+                "cmd": cmd,
+                "cwd": cwd or "",
+                "envs": envs,
+                "timeout": limit,
+            }
+        )
+        deadline = time.monotonic() + limit + HOST_BACKSTOP
+        try:
+            while not builder.finished:
+                event = stream.next(max(0.0, deadline - time.monotonic()))
+                if event is None:
+                    self._discard_handle()
+                    builder.abort("timeout")
+                    break
+                builder.add(event)
+        except SandboxLost as exc:
+            self._discard_handle()
+            builder.abort(f"sandbox lost: {exc}")
+        finally:
+            stream.close()
+        return builder.result()
+
+    # --- files ------------------------------------------------------------------------
+    def read_chunks(self, path: str) -> Iterator[bytes]:
+        stream = self._stream({"type": "fs_read", "path": path})
+        try:
+            while True:
+                event = stream.next(REQUEST_TIMEOUT)
+                if event is None:
+                    self._discard_handle()  # as in call()
+                    raise SandboxLost(f"the sandbox stopped sending {path}")
+                if event["type"] == "data":
+                    yield base64.b64decode(event["data"])
+                elif event["type"] == "reply":
+                    if not event["ok"]:
+                        error = event.get("error") or {}
+                        cls = _ERRORS.get(str(error.get("name")), FileOperationError)
+                        raise cls(str(error.get("message", f"cannot read {path}")))
+                    return
+        finally:
+            stream.close()
+
+    def write(self, path: str, chunks: Iterator[bytes]) -> WriteInfo:
+        first = True
+        value: Any = None
+        try:
+            for chunk in chunks:
+                value = self.call(
+                    {
+                        "type": "fs_write",
+                        "path": path,
+                        "data": base64.b64encode(chunk).decode("ascii"),
+                        "append": not first,
+                        # The runner refuses (and removes) an upload that grows past this.
+                        "max_bytes": self.spec.resources.upload_bytes,
+                    }
+                )
+                first = False
+        except InvalidArgumentError:
+            if not first:  # a stream that grew past the limit: leave no partial file
+                with contextlib.suppress(SandlotError):
+                    self.call({"type": "fs_remove", "path": path})
+            raise
+        if first:  # empty upload: still create the file
+            value = self.call({"type": "fs_write", "path": path, "data": "", "append": False})
+        info = entry_from_wire(value)
+        return WriteInfo(name=info.name, type=info.type, path=info.path)
+
+    def list_dir(self, path: str, depth: int) -> list[EntryInfo]:
+        return entries_from_wire(self.call({"type": "fs_list", "path": path, "depth": depth}))
+
+    def stat(self, path: str) -> EntryInfo:
+        return entry_from_wire(self.call({"type": "fs_stat", "path": path}))
+
+    def remove(self, path: str) -> None:
+        self.call({"type": "fs_remove", "path": path})
+
+    def make_dir(self, path: str) -> bool:
+        return bool(self.call({"type": "fs_mkdir", "path": path}))
+
+    def rename(self, old_path: str, new_path: str) -> EntryInfo:
+        return entry_from_wire(self.call({"type": "fs_rename", "src": old_path, "dst": new_path}))
+
+
+def _oom_since(before: ResourceUsage | None, now: ResourceUsage | None) -> bool:
+    return before is not None and now is not None and now.oom_kills > before.oom_kills
+
+
+def _report_oom(execution: Execution, usage: ResourceUsage, kills: int) -> None:
+    """Make a cell during which the kernel killed processes for the sandbox's memory
+    limit an ``OutOfMemoryError``, saying the limit and the peak (output is kept)."""
+    limit = usage.memory_limit_bytes
+    peak = usage.memory_peak_bytes
+    detail = (
+        f"the sandbox reached its memory limit of {_mib(limit)} (peak {_mib(peak)}); the "
+        f"kernel killed {kills} process{'es' if kills != 1 else ''} and the cell was stopped"
+    )
+    previous = execution.error
+    if (
+        previous is not None
+        and previous.name == "OutOfMemoryError"
+        and "restarted" in previous.value
+    ):
+        detail += "; the kernel was among them, so it was restarted and its variables were lost"
+    elif previous is not None and previous.name not in ("KeyboardInterrupt", "OutOfMemoryError"):
+        detail += f" (the cell then raised {previous.name}: {previous.value})"
+    execution.error = ExecutionError("OutOfMemoryError", detail, "")
+    execution.status = "oom"
+
+
+def _mib(value: int | None) -> str:
+    return "?" if value is None else f"{value / MiB:.0f} MiB"
+
+
+def _pool(pool: Pool | bool | None) -> Pool | None:
+    if pool is None or pool is False:
+        return None
+    if pool is True:
+        return default_pool()
+    if isinstance(pool, Pool):
+        return pool
+    raise InvalidArgumentError(f"pool must be a sandlot.Pool, True or None, not {pool!r}")
