@@ -109,8 +109,9 @@ def test_sigkill_of_the_client_mid_cell_leaves_no_container(backend: str) -> Non
     assert engine.containers([owner]) == []
 
 
-def _sleeper(engine: Any, owner: str) -> str:
-    """A container labelled like a sandbox (but just sleeping), owned by ``owner``."""
+def _sleeper(engine: Any, owner: str, *, start: bool = True) -> str:
+    """A container labelled like a sandbox (but just sleeping), owned by ``owner``;
+    created but not started when ``start`` is false (a sandbox mid-start)."""
     labels = {LABEL: "orphan-test", LABEL_OWNER: owner}
     body = {
         "Image": image_name("python-data"),
@@ -127,7 +128,8 @@ def _sleeper(engine: Any, owner: str) -> str:
         },
     }
     cid = str(engine.create(body, name=f"sandlot-orphan-test-{os.urandom(4).hex()}"))
-    engine.start(cid)
+    if start:
+        engine.start(cid)
     return cid
 
 
@@ -144,14 +146,19 @@ def test_cleanup_orphans_removes_containers_of_dead_owners_only(kind: EngineKind
     dead.wait()
     orphan = _sleeper(engine, owner_tag(dead.pid))
     ours = _sleeper(engine, owner_tag())
+    # A live owner's sandbox between create and start: another process's start-up
+    # cleanup used to remove it because it was not running yet.
+    starting = _sleeper(engine, owner_tag(), start=False)
     try:
         assert cleanup_orphans((kind,)) >= 1
         assert _wait_until(lambda: engine.inspect(orphan) is None)
         state = (engine.inspect(ours) or {}).get("State") or {}
         assert state.get("Running") is True  # a live owner's container is left alone
+        assert engine.inspect(starting) is not None  # and so is one still starting
     finally:
         engine.kill_and_remove(orphan)
         engine.kill_and_remove(ours)
+        engine.kill_and_remove(starting)
 
 
 @pytest.mark.requires_server

@@ -228,6 +228,9 @@ class FakeScalar:
     def item(self) -> Any:
         return self.value
 
+    def __repr__(self) -> str:  # test ids: the same in every process (pytest-xdist)
+        return f"FakeScalar({self.value!r})"
+
 
 class BrokenItem:
     def item(self) -> Any:
@@ -235,6 +238,9 @@ class BrokenItem:
 
     def __str__(self) -> str:
         return "BrokenItem"
+
+    def __repr__(self) -> str:
+        return "BrokenItem()"
 
 
 @pytest.mark.parametrize(

@@ -412,9 +412,11 @@ def cleanup_orphans(kinds: tuple[EngineKind, ...] = (DOCKER, PODMAN)) -> int:
     """Remove sandlot containers whose creating process is gone; returns how many.
 
     Containers are found by the :data:`LABEL` label; one is an orphan when its
-    :data:`LABEL_OWNER` names this host and a pid that no longer runs, or when it
-    is not running (a stopped sandbox is never reused). Containers of other hosts
-    sharing the engine are left alone. Engines that are absent are skipped.
+    :data:`LABEL_OWNER` names this host and a pid that no longer runs. A container
+    of a live owner is never touched, whatever its state: one that is still being
+    created is not running yet, and removing it killed another process's sandbox
+    mid-start. Containers of other hosts sharing the engine are removed only once
+    they stopped. Engines that are absent are skipped.
     """
     removed = 0
     host = socket.gethostname()
@@ -431,7 +433,7 @@ def cleanup_orphans(kinds: tuple[EngineKind, ...] = (DOCKER, PODMAN)) -> int:
             owner = str(labels.get(LABEL_OWNER, ""))
             owner_host, _, pid = owner.rpartition(":")
             running = container.get("State") == "running"
-            if owner_host == host and pid.isdigit() and running and _alive(int(pid)):
+            if owner_host == host and pid.isdigit() and _alive(int(pid)):
                 continue
             if owner_host != host and running:
                 continue
