@@ -105,7 +105,9 @@ def _table(text: str) -> Mapping[str, int]:
 # From the kernel's arch/x86/entry/syscalls/syscall_64.tbl (the 64-bit and common ABIs;
 # the x32 numbers, 512 and up plus bit 30, are another ABI and kill the process).
 # Numbers whose kernel entry is sys_ni_syscall (create_module, tuxcall, vserver...) are
-# listed: the kernel answers ENOSYS for them itself.
+# listed: the kernel answers ENOSYS for them itself. uretprobe and uprobe (335, 336) are
+# allowed: the kernel lets them past every seccomp filter anyway, and they do nothing
+# unless called from the return trampolines of uprobes the host attached.
 _X86_64 = """
 0 read write open close stat
 5 fstat lstat poll lseek mmap
