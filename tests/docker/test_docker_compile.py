@@ -28,7 +28,13 @@ from sandlot.backends.docker._compile import (
 from sandlot.backends.docker._image import build_config, dockerfile
 from sandlot.backends.docker._seccomp import build_profile, profile_json
 from sandlot.policy import MiB, Resources, SandboxSpec
-from sandlot.seccomp import DENIED, denied_names
+from sandlot.seccomp import (
+    DENIED,
+    NAMESPACE_FLAGS,
+    SYSCALL_NUMBERS,
+    UNREVIEWED_ERRNO,
+    denied_names,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("SANDLOT_UPDATE_GOLDEN") == "1"
@@ -170,18 +176,53 @@ def test_seccomp_profile_matches_golden() -> None:
     _golden("seccomp_profile.json", build_profile())
 
 
-def test_seccomp_profile_denies_the_whole_policy() -> None:
+def test_seccomp_profile_is_the_allowlist_of_the_policy() -> None:
     profile = build_profile()
-    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
-    unconditional = {
-        name for rule in profile["syscalls"] if "args" not in rule for name in rule["names"]
-    }
-    assert unconditional == set(denied_names())
-    conditional = [rule for rule in profile["syscalls"] if "args" in rule]
-    assert len(conditional) == sum(1 for d in DENIED if d.when)
-    for must in ("mount", "unshare", "setns", "ptrace", "bpf", "keyctl", "clone3"):
-        assert must in unconditional
+    # Whatever no rule names (calls of a newer kernel, or that the engine cannot name)
+    # fails with ENOSYS: TRACE with no tracer, on every runtime.
+    assert profile["defaultAction"] == "SCMP_ACT_TRACE"
+    assert UNREVIEWED_ERRNO == errno.ENOSYS
+    outright = [r for r in profile["syscalls"] if "args" not in r]
+    allowed = {n for r in outright if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
+    denied = {n for r in outright if r["action"] != "SCMP_ACT_ALLOW" for n in r["names"]}
+    assert denied == set(denied_names())
+    conditional = {d.syscall for d in DENIED if d.when}
+    reviewed = {name for table in SYSCALL_NUMBERS.values() for name in table}
+    assert allowed == reviewed - denied - conditional
+    for must in ("mount", "unshare", "setns", "ptrace", "bpf", "keyctl", "clone3", "mseal"):
+        assert must in denied and must not in allowed
+    for name in ("statmount", "listmount", "open_tree_attr"):
+        assert name in denied
     assert json.loads(profile_json()) == profile
+
+
+def test_seccomp_calls_of_one_architecture_are_allowed_only_there() -> None:
+    rules = [
+        r
+        for r in build_profile()["syscalls"]
+        if r["action"] == "SCMP_ACT_ALLOW" and "args" not in r
+    ]
+    by_arch = {tuple(r.get("includes", {}).get("arches", [])): set(r["names"]) for r in rules}
+    assert {"arch_prctl", "open", "fork", "uretprobe"} <= by_arch[("amd64",)]
+    assert "openat" in by_arch[()] and "arch_prctl" not in by_arch[()]
+    assert not set(by_arch) - {(), ("amd64",), ("arm64",)}
+
+
+def test_seccomp_rules_test_each_argument_once() -> None:
+    # runc splits a rule with two tests of one argument into rules any may match.
+    for rule in build_profile()["syscalls"]:
+        indexes = [arg["index"] for arg in rule.get("args", [])]
+        assert len(indexes) == len(set(indexes)), rule
+
+
+def test_seccomp_calls_denied_for_some_arguments_are_allowed_for_the_others() -> None:
+    rules = build_profile()["syscalls"]
+    clone = [r for r in rules if r["names"] == ["clone"] and r["action"] == "SCMP_ACT_ALLOW"]
+    assert [r["args"] for r in clone] == [
+        [{"index": 0, "value": NAMESPACE_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]
+    ]
+    socket = [r["args"] for r in rules if r["names"] == ["socket"] and "errnoRet" not in r]
+    assert [{"index": 0, "value": 1, "op": "SCMP_CMP_EQ"}] in socket  # AF_UNIX, any type
 
 
 def test_seccomp_blocks_new_user_namespaces_through_clone() -> None:
@@ -199,6 +240,7 @@ def test_enosys_denials_use_trace_so_every_runtime_returns_enosys() -> None:
     rules = build_profile()["syscalls"]
     clone3 = next(r for r in rules if "clone3" in r["names"])
     assert clone3["action"] == "SCMP_ACT_TRACE"
+    assert "errnoRet" not in clone3
     eperm = next(r for r in rules if "mount" in r["names"])
     assert eperm == {**eperm, "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
 

@@ -60,7 +60,7 @@ SUITE = (
 # where the sandbox fixtures below take precedence over the ones in tests/conftest.py.
 for _module in SUITE:
     for _name, _value in vars(_module).items():
-        if _name.startswith("test_") or _name in ("host_secrets", "probed"):
+        if _name.startswith("test_") or _name in ("host_secrets", "probed", "new_calls"):
             assert _name not in globals(), f"{_name} is defined twice in the escape suite"
             globals()[_name] = _value
 

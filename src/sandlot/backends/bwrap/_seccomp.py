@@ -1,12 +1,14 @@
-"""Compile :data:`sandlot.seccomp.DENIED` into a BPF program with libseccomp.
+"""Compile :func:`sandlot.seccomp.filter_rules` into a BPF program with libseccomp.
 
 libseccomp (the library behind systemd, Docker, Podman and Chromium's Linux
-filters) does the hard part: resolving syscall names per architecture, refusing
-foreign architectures (i386 ``int 0x80``, x32 numbers on x86-64) and emitting
-correct BPF. We call it through ctypes because its official Python binding is
-not published on PyPI (it ships with distributions, for their own interpreter
-only) and the unofficial ones are unmaintained; the surface we need is seven
-functions.
+filters) does the hard part: refusing foreign architectures (i386 ``int 0x80``, x32
+numbers on x86-64), building the argument comparisons and emitting correct BPF.
+Syscall numbers come from the policy's own table for the native architecture, not from
+libseccomp's (which lags the kernel: 2.5.4 has nothing after Linux 6.6); the filter's
+default action refuses every number the table does not allow. We call it through
+ctypes because its official Python binding is not published on PyPI (it ships with
+distributions, for their own interpreter only) and the unofficial ones are
+unmaintained; the surface we need is a handful of functions.
 
 The program is handed to bwrap with ``--seccomp FD``; bwrap sets
 ``PR_SET_NO_NEW_PRIVS`` and installs it right before it execs the runner, so it
@@ -20,14 +22,23 @@ import ctypes.util
 import functools
 import os
 
-from sandlot._exceptions import IsolationUnavailable
-from sandlot.seccomp import DENIED, Denial, zygote_denials
+from sandlot._exceptions import IsolationUnavailable, PolicyError
+from sandlot.seccomp import (
+    AUDIT_ARCH,
+    DENIED,
+    SYSCALL_NUMBERS,
+    UNREVIEWED_ERRNO,
+    Denial,
+    Rule,
+    filter_rules,
+    zygote_denials,
+)
 
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_ACT_KILL_PROCESS = 0x80000000
 SCMP_FLTATR_ACT_BADARCH = 2
+SCMP_FLTATR_CTL_OPTIMIZE = 8
 _SCMP_ERRNO = 0x00050000
-_NR_SCMP_ERROR = -1
 _OPS = {"eq": 4, "ge": 5, "masked_eq": 7}
 
 LIBSECCOMP_FIX = (
@@ -60,7 +71,8 @@ def _lib() -> ctypes.CDLL:
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
     lib.seccomp_release.restype = None
     lib.seccomp_attr_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_arch_native.argtypes = []
+    lib.seccomp_arch_native.restype = ctypes.c_uint32
     lib.seccomp_rule_add_array.argtypes = [
         ctypes.c_void_p,
         ctypes.c_uint32,
@@ -81,25 +93,51 @@ def _fail(what: str, rc: int) -> IsolationUnavailable:
     )
 
 
-def _add(lib: ctypes.CDLL, ctx: int, denial: Denial) -> None:
-    number = lib.seccomp_syscall_resolve_name(denial.syscall.encode())
-    if number == _NR_SCMP_ERROR:
-        return  # not a syscall of this architecture (e.g. vm86 on x86-64)
-    tests = (_ArgCmp * max(1, len(denial.when)))()
-    for i, test in enumerate(denial.when):
+def native_arch() -> str:
+    """The policy's name for the architecture libseccomp filters natively (raises
+    IsolationUnavailable where the policy has no reviewed table)."""
+    token = _lib().seccomp_arch_native()
+    for name, audit in AUDIT_ARCH.items():
+        if audit == token:
+            return name
+    raise IsolationUnavailable(
+        f"sandlot's syscall policy has reviewed tables for {', '.join(AUDIT_ARCH)} only, "
+        f"and this host's native architecture is another (audit arch {token:#x}); "
+        "sandlot refuses to start a sandbox without its syscall filter. Fix: run sandlot "
+        "on an x86-64 or arm64 host"
+    )
+
+
+def _rules(denials: tuple[Denial, ...]) -> tuple[Rule, ...]:
+    try:
+        return filter_rules(denials)
+    except PolicyError as exc:
+        raise IsolationUnavailable(
+            f"sandlot's syscall policy cannot be compiled: {exc}; sandlot refuses to start "
+            "a sandbox without its syscall filter"
+        ) from exc
+
+
+def _add(lib: ctypes.CDLL, ctx: int, rule: Rule, number: int) -> None:
+    tests = (_ArgCmp * max(1, len(rule.when)))()
+    for i, test in enumerate(rule.when):
         if test.op == "masked_eq":
             tests[i] = _ArgCmp(test.index, _OPS["masked_eq"], test.mask, test.value)
         else:
             tests[i] = _ArgCmp(test.index, _OPS[test.op], test.value, 0)
-    action = _SCMP_ERRNO | (denial.errno & 0xFFFF)
-    rc = lib.seccomp_rule_add_array(ctx, action, number, len(denial.when), tests)
+    action = SCMP_ACT_ALLOW if rule.errno is None else _SCMP_ERRNO | (rule.errno & 0xFFFF)
+    rc = lib.seccomp_rule_add_array(ctx, action, number, len(rule.when), tests)
     if rc < 0:
-        raise _fail(f"add the rule for {denial.syscall}", rc)
+        raise _fail(f"add a rule for {rule.syscall}", rc)
 
 
 def _export(denials: tuple[Denial, ...], pfc: bool) -> bytes:
     lib = _lib()
-    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+    numbers = SYSCALL_NUMBERS[native_arch()]
+    rules = _rules(denials)
+    # Allowlist: whatever no rule matches, above all every number the reviewed table
+    # does not have (calls of a newer kernel), fails as on a kernel without it.
+    ctx = lib.seccomp_init(_SCMP_ERRNO | UNREVIEWED_ERRNO)
     if not ctx:
         raise _fail("create a filter", -ctypes.get_errno())
     fd = os.memfd_create("sandlot-seccomp", os.MFD_CLOEXEC)
@@ -109,8 +147,18 @@ def _export(denials: tuple[Denial, ...], pfc: bool) -> bytes:
         rc = lib.seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS)
         if rc < 0:
             raise _fail("refuse foreign architectures", rc)
-        for denial in denials:
-            _add(lib, ctx, denial)
+        # A binary search over syscall numbers: with ~370 allowed calls, a linear chain
+        # would cost every syscall hundreds of comparisons.
+        rc = lib.seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2)
+        if rc < 0:
+            raise _fail("build a binary-tree filter", rc)
+        for rule in rules:
+            number = numbers.get(rule.syscall)
+            # A call this architecture does not have has no number to allow or deny;
+            # the default action refuses every number the table leaves out. A denial
+            # with the default's own errno is the default (libseccomp refuses it).
+            if number is not None and rule.errno != UNREVIEWED_ERRNO:
+                _add(lib, ctx, rule, number)
         rc = (lib.seccomp_export_pfc if pfc else lib.seccomp_export_bpf)(ctx, fd)
         if rc < 0:
             raise _fail("export the filter", rc)
