@@ -140,12 +140,6 @@ class BwrapBackend(Backend):
         try:
             handle.wait_ready(START_TIMEOUT)
         except SandboxStartError as exc:
-            if "cannot apply resource limits" in tail():
-                raise IsolationUnavailable(
-                    f"the sandbox could not apply its resource limits, so sandlot refuses to "
-                    f"run it: {tail()}. Lower the limits in Resources or raise the host's hard "
-                    f"limits (ulimit -H)."
-                ) from exc
             if "seccomp" in tail():
                 raise IsolationUnavailable(
                     f"bwrap could not install the syscall filter, so sandlot refuses to run "

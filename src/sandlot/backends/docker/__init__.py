@@ -327,20 +327,15 @@ class _ContainerBackend(Backend):
             ),
             egress=lease,
         )
-        try:
-            handle.wait_ready(START_TIMEOUT)
-        except SandboxStartError as exc:
-            if "cannot apply resource limits" in tail():
-                raise IsolationUnavailable(
-                    f"the sandbox could not apply its resource limits, so sandlot refuses to "
-                    f"run it: {tail()}. Lower the limits in Resources."
-                ) from exc
-            raise
+        # A runner that cannot apply its limits says so ("fatal"): IsolationUnavailable.
+        handle.wait_ready(START_TIMEOUT)
         return handle
 
 
 class ContainerHandle(ChannelHandle):
     """A container sandbox: the channel, plus the container's cgroup counters."""
+
+    limits_fix = "Lower the limits in Resources."
 
     def __init__(
         self,
