@@ -30,14 +30,19 @@ FIXTURE_TIMEOUT = 900
 
 
 @functools.cache
-def _bwrap_problem() -> str | None:
-    """Why the bwrap backend cannot run here, or None if it can (probed once)."""
-    from sandlot.backends.bwrap import BwrapBackend
+def _probe_problem(name: str) -> str | None:
+    """Why the declared backend ``name`` cannot run here, or None if it can (probed once)."""
+    from sandlot.backends import load_backend
 
-    probe = BwrapBackend.probe()
+    probe = load_backend(name).probe()
     if probe.available:
         return None
-    return probe.reason or "bwrap backend unavailable (the probe gave no reason)"
+    return probe.reason or f"{name} backend unavailable (the probe gave no reason)"
+
+
+def _bwrap_problem() -> str | None:
+    """Why the bwrap backend cannot run here, or None if it can (probed once)."""
+    return _probe_problem("bwrap")
 
 
 @functools.cache
@@ -53,21 +58,22 @@ def _template_problem() -> str | None:
 @functools.cache
 def _container_problem(backend: str) -> str | None:
     """Why a container backend ("docker", "docker-runsc", "podman") cannot run here."""
+    from sandlot.backends import load_backend
     from sandlot.backends.docker import container_backend_problem
 
-    return container_backend_problem(_make_backend(backend))
+    made = _make_backend(backend)
+    return container_backend_problem(load_backend(made)() if isinstance(made, str) else made)
 
 
 def _make_backend(name: str) -> Any:
-    """A backend for a fixture parameter: a registry name, or "docker-runsc" (gVisor)."""
-    from sandlot.backends.docker import DockerBackend, PodmanBackend
+    """A backend for a fixture parameter: a declared backend's registry name (the SDK
+    resolves it as it does a user's ``Sandbox(backend=NAME)``), or "docker-runsc"
+    (Docker with gVisor's runtime)."""
+    from sandlot.backends import load_backend
 
-    if name == "docker":
-        return DockerBackend()
     if name == "docker-runsc":
-        return DockerBackend(runtime="runsc")
-    if name == "podman":
-        return PodmanBackend()
+        docker: Any = load_backend("docker")
+        return docker(runtime="runsc")
     return name
 
 
@@ -117,7 +123,7 @@ _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     ("requires_postgres", "postgres", _postgres_problem),
 )
 
-BACKEND_MARKS = {
+BACKEND_MARKS: dict[str, Any] = {
     "bwrap": pytest.mark.requires_bwrap,
     # bwrap sandboxes forked from a zygote that has the data stack imported.
     "zygote": pytest.mark.requires_bwrap,
@@ -130,8 +136,21 @@ BACKEND_MARKS = {
     # (which runs bwrap sandboxes). ``@pytest.mark.local_only`` tests skip it.
     "remote": pytest.mark.requires_server,
 }
-"""Backends the ``all_backends`` suites run against; ``$SANDLOT_BACKENDS`` (comma
-separated) narrows them, e.g. ``SANDLOT_BACKENDS=bwrap`` while iterating."""
+"""Backends the ``all_backends`` suites run against, with the prerequisite each needs;
+every other backend the registry declares (an installed plug-in) joins them, run where
+its probe passes. ``$SANDLOT_BACKENDS`` (comma separated) narrows them, e.g.
+``SANDLOT_BACKENDS=bwrap`` while iterating."""
+
+
+def _backend_marks() -> dict[str, Any]:
+    from sandlot.backends import backend_names
+
+    marks = dict(BACKEND_MARKS)
+    for name in backend_names():
+        if name not in marks:
+            problem = _probe_problem(name)
+            marks[name] = pytest.mark.skipif(problem is not None, reason=str(problem))
+    return marks
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -140,11 +159,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if metafunc.definition.get_closest_marker("all_backends") is None:
         return
+    marks = _backend_marks()
     wanted = os.environ.get("SANDLOT_BACKENDS", "").split(",")
-    names = [n for n in BACKEND_MARKS if n in wanted] if any(wanted) else list(BACKEND_MARKS)
+    names = [n for n in marks if n in wanted] if any(wanted) else list(marks)
     if metafunc.definition.get_closest_marker("local_only") is not None:
         names = [n for n in names if n != "remote"]
-    params = [pytest.param(n, marks=BACKEND_MARKS[n], id=n) for n in names]
+    params = [pytest.param(n, marks=marks[n], id=n) for n in names]
     metafunc.parametrize("sandlot_backend", params, indirect=True, scope="module")
 
 

@@ -261,6 +261,11 @@ class AsyncSandbox:
         return self._sync.restarts
 
     @property
+    def backend(self) -> Backend | None:
+        """See :attr:`Sandbox.backend`."""
+        return self._sync.backend
+
+    @property
     def handle(self) -> SandboxHandle | None:
         """See :attr:`Sandbox.handle`."""
         return self._sync.handle

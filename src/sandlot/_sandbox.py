@@ -297,6 +297,12 @@ class Sandbox:
         return self._core.restarts
 
     @property
+    def backend(self) -> Backend | None:
+        """The backend running this sandbox (local mode; None in remote mode)."""
+        backend: Backend | None = getattr(self._core, "backend", None)
+        return backend
+
+    @property
     def handle(self) -> SandboxHandle | None:
         """The backend's handle of the sandbox running now (local mode; None before it
         starts, after it died or was killed, and in remote mode). For hosts that

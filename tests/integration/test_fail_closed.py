@@ -114,3 +114,68 @@ def test_a_limit_that_cannot_be_applied_refuses_to_run() -> None:
     message = str(caught.value)
     assert "nofile" in message and "hard limit" in message
     assert "ulimit -H" in message  # says how to fix the host
+
+
+def test_the_runner_says_why_it_refuses_on_its_channel() -> None:
+    # The real supervisor, in a plain process (it exits before it would start anything
+    # that needs a sandbox): a limit above its hard limit is reported as a typed
+    # "fatal" message on the host channel, not only as a line on stderr.
+    import resource
+    import socket
+    from pathlib import Path
+
+    import sandlot
+    from sandlot.protocol import RUNNER_MESSAGES, decode, encode
+    from sandlot.runner import BOOTSTRAP
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        pytest.fail("this host has no hard RLIMIT_NOFILE; the test needs one to exceed")
+    lib = str(Path(sandlot.__file__).resolve().parents[1])
+    host, theirs = socket.socketpair()
+    with host:
+        runner = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-c",
+                BOOTSTRAP,
+                lib,
+                "supervisor",
+                "--fd",
+                str(theirs.fileno()),
+            ],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        theirs.close()
+        config = {"rlimits": {"nofile": hard + 1}}
+        host.sendall(encode({"type": "configure", "id": "configure", "config": config}))
+        host.settimeout(60)
+        line = host.makefile("rb").readline()
+        _, stderr = runner.communicate(timeout=60)
+    assert runner.returncode == 70
+    message = decode(line, RUNNER_MESSAGES)
+    assert message["type"] == "fatal" and message["reason"] == "limits", message
+    assert "nofile" in message["message"] and "hard limit" in message["message"]
+    assert b"cannot apply resource limits" in stderr  # still told to a human reading stderr
+
+
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_template
+def test_a_zygote_sandbox_that_cannot_apply_a_limit_refuses_too() -> None:
+    # A zygote-made sandbox has no stderr the host reads: the typed message is the only
+    # way its runner can say why it refuses (before it, this was a SandboxStartError).
+    import resource
+
+    import sandlot
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        pytest.fail("this host has no hard RLIMIT_NOFILE; the test needs one to exceed")
+    with pytest.raises(sandlot.IsolationUnavailable) as caught:
+        sandlot.Sandbox(backend="zygote", resources={"open_files": hard + 1}, timeout=None)
+    message = str(caught.value)
+    assert "nofile" in message and "hard limit" in message
+    assert "ulimit -H" in message

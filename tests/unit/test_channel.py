@@ -16,12 +16,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandlot._exceptions import SandboxLost
+from sandlot._exceptions import IsolationUnavailable, SandboxLost, SandboxStartError
 from sandlot.backends._base import EventStream
 from sandlot.backends._channel import ChannelHandle
-from sandlot.protocol import MAX_LINE_BYTES, encode
+from sandlot.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, encode
 
-READY = {"type": "ready", "version": 1, "python": "3.11.9"}
+READY = {"type": "ready", "version": PROTOCOL_VERSION, "python": "3.11.9"}
+LIMITS = {"type": "fatal", "reason": "limits", "message": "nofile limit 9 is above 8"}
 
 
 @pytest.fixture
@@ -86,3 +87,75 @@ def test_a_malformed_message_kills_the_sandbox(
     # Later calls fail at once.
     with pytest.raises(SandboxLost):
         handle.request({"type": "fs_stat", "path": "b.txt"}).next(1)
+
+
+# --- the start-up handshake: "ready", or "fatal" with a typed reason ----------------------
+
+
+def _starting(stderr: str = "") -> tuple[ChannelHandle, socket.socket, subprocess.Popen[bytes]]:
+    """A handle whose "runner" has not said ready yet; the sandbox process is a real one."""
+    host, runner = socket.socketpair()
+    process = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    return ChannelHandle(host, process, stderr_tail=lambda: stderr), runner, process
+
+
+def test_fatal_limits_refuses_the_sandbox_as_isolation_unavailable() -> None:
+    handle, runner, process = _starting()
+    try:
+        runner.sendall(encode(LIMITS))
+        with pytest.raises(IsolationUnavailable) as caught:
+            handle.wait_ready(5)
+        assert "could not apply its resource limits" in str(caught.value)
+        assert "nofile limit 9 is above 8" in str(caught.value)
+        assert "ulimit -H" in str(caught.value)  # says how to fix the host
+        assert process.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        runner.close()
+
+
+def test_fatal_is_read_even_when_the_process_is_seen_dead_first() -> None:
+    # The runner sends "fatal" and exits: the waiter may notice the exit before the
+    # reader has read the line. The handle must still report the typed reason.
+    host, runner = socket.socketpair()
+    process = subprocess.Popen(["true"], stdin=subprocess.DEVNULL)
+    process.wait()  # dead before the handle even starts watching it
+    handle = ChannelHandle(host, process)
+    runner.sendall(encode(LIMITS))
+    runner.close()
+    with pytest.raises(IsolationUnavailable, match="nofile limit 9"):
+        handle.wait_ready(5)
+
+
+def test_a_limits_line_on_stderr_alone_is_a_plain_start_failure() -> None:
+    # The host decides on the typed message, not on text anyone in the sandbox could
+    # write to stderr.
+    handle, runner, process = _starting(stderr="sandlot runner: cannot apply resource limits")
+    runner.close()
+    process.kill()
+    with pytest.raises(SandboxStartError) as caught:
+        handle.wait_ready(5)
+    assert not isinstance(caught.value, IsolationUnavailable)
+
+
+def test_an_unknown_fatal_reason_is_a_start_failure_with_the_message() -> None:
+    handle, runner, _ = _starting()
+    try:
+        runner.sendall(encode({"type": "fatal", "reason": "mystery", "message": "x" * 5000}))
+        with pytest.raises(SandboxStartError, match=r"could not start \(mystery\)") as caught:
+            handle.wait_ready(5)
+        assert not isinstance(caught.value, IsolationUnavailable)
+        assert len(str(caught.value)) < 1200  # the sandbox's text is bounded
+    finally:
+        runner.close()
+
+
+def test_fatal_after_ready_is_ignored(
+    channel: tuple[ChannelHandle, socket.socket, subprocess.Popen[bytes]],
+) -> None:
+    handle, runner, process = channel
+    runner.sendall(encode(LIMITS) * 3)
+    stream, rid = _request(handle, runner)
+    runner.sendall(encode({"type": "reply", "id": rid, "ok": True}))
+    event = stream.next(5)
+    assert event is not None and event["type"] == "reply"
+    assert handle.alive and process.poll() is None

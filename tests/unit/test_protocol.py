@@ -12,6 +12,7 @@ from sandlot.protocol import (
     EXIT_STATUSES,
     HOST_REQUESTS,
     MAX_LINE_BYTES,
+    PROTOCOL_VERSION,
     RUNNER_MESSAGES,
     ProtocolViolation,
     decode,
@@ -20,7 +21,8 @@ from sandlot.protocol import (
 
 # One valid example of every message type; the tests below break them one field at a time.
 VALID_EVENTS: dict[str, dict[str, Any]] = {
-    "ready": {"type": "ready", "version": 1, "python": "3.11.9"},
+    "ready": {"type": "ready", "version": PROTOCOL_VERSION, "python": "3.11.9"},
+    "fatal": {"type": "fatal", "reason": "limits", "message": "nofile limit 9 is above 8"},
     "stdout": {"type": "stdout", "id": "r1", "text": "hello\n"},
     "stderr": {"type": "stderr", "id": "r1", "text": "oops\n"},
     "result": {"type": "result", "id": "r1", "data": {"text/plain": "2"}, "is_main_result": True},

@@ -10,12 +10,19 @@ sandlot`` loads none of them. A third-party entry point cannot take a built-in n
 ``"auto"`` picks the strongest backend whose probe passes and never falls back to
 running code unsandboxed: if none is available, :class:`sandlot.BackendUnavailable`
 lists each reason and fix.
+
+The CLI and the server reach every declared backend through this module only:
+:func:`probe_all` and :func:`check_all` for ``sandlot doctor``, :func:`cleanup_orphans`
+at ``sandlot serve`` start-up, :func:`reap` for crash recovery. Host facts that belong
+to no backend are in :mod:`sandlot.backends.host`. docs/backends.md says how to add a
+backend.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +33,9 @@ from sandlot.backends._base import (
     Backend,
     Event,
     EventStream,
+    Finding,
     Probe,
+    RecoveryToken,
     SandboxHandle,
 )
 
@@ -36,18 +45,25 @@ if TYPE_CHECKING:
 GROUP = "sandlot.backends"
 """The entry-point group backends are declared in."""
 
+log = logging.getLogger("sandlot.backend")
+
 __all__ = [
     "BACKENDS",
     "GROUP",
     "Backend",
     "Event",
     "EventStream",
+    "Finding",
     "Probe",
+    "RecoveryToken",
     "SandboxHandle",
     "backend_names",
+    "check_all",
+    "cleanup_orphans",
     "get_backend",
     "load_backend",
     "probe_all",
+    "reap",
 ]
 
 
@@ -177,6 +193,74 @@ def _renamed(probe: Probe, name: str) -> Probe:
 def probe_all() -> list[Probe]:
     """Probe every declared backend (what ``sandlot doctor`` shows), in name order."""
     return [_probe(name) for name in _entries()]
+
+
+def check_all() -> list[Finding]:
+    """Every declared backend's :meth:`Backend.checks`, each finding once, in name order.
+
+    Backends that share a layer (bwrap and the zygote) report it alike and it is shown
+    once. A backend that cannot be loaded adds nothing here (its probe says why); one
+    whose checks raise adds a ``missing`` finding with the error, so one broken plug-in
+    cannot take ``sandlot doctor`` down.
+    """
+    found: dict[Finding, None] = {}
+    for name in _entries():
+        try:
+            cls = load_backend(name)
+        except BackendUnavailable:
+            continue
+        try:
+            findings = cls.checks()
+        except Exception as exc:
+            findings = [
+                Finding(
+                    f"{name} checks",
+                    "missing",
+                    f"the backend's checks failed: {type(exc).__name__}: {exc}",
+                    "report this to the package that provides the backend",
+                )
+            ]
+        found.update(dict.fromkeys(findings))
+    return list(found)
+
+
+def cleanup_orphans() -> dict[str, list[str]]:
+    """Run every declared backend's :meth:`Backend.cleanup_orphans`; returns backend
+    name -> what it removed, for the backends that removed something.
+
+    ``sandlot serve`` calls this at start-up. It never raises: a backend that cannot be
+    loaded (a container backend without its client library) has nothing of its own to
+    clean, and one whose cleanup fails is logged and the others still run; orphans
+    are leftovers of sandboxes that are already dead, so none of this weakens a
+    running sandbox's isolation.
+    """
+    removed: dict[str, list[str]] = {}
+    for name in _entries():
+        try:
+            gone = load_backend(name).cleanup_orphans()
+        except BackendUnavailable as exc:
+            log.info("orphan cleanup skipped for backend %s: %s", name, exc)
+            continue
+        except Exception:
+            log.exception("orphan cleanup failed for backend %s", name)
+            continue
+        if gone:
+            removed[name] = list(gone)
+    return removed
+
+
+def reap(name: str, token: Mapping[str, Any]) -> bool:
+    """Destroy the sandbox ``token`` describes (a :meth:`SandboxHandle.recovery_token`
+    of a sandbox of backend ``name``, stored before a crash) if it survived; True if
+    something was destroyed. Never raises: an unknown or broken backend, or a token it
+    does not recognise, is logged and reaps nothing."""
+    try:
+        return bool(load_backend(name).reap(token))
+    except (BackendUnavailable, InvalidArgumentError) as exc:
+        log.warning("cannot reap a sandbox of backend %r: %s", name, exc)
+    except Exception:
+        log.exception("reaping a sandbox of backend %r failed", name)
+    return False
 
 
 def get_backend(name: str | Backend = "auto", *, egress: EgressProxy | None = None) -> Backend:

@@ -14,12 +14,25 @@ that sends a protocol request and returns the stream of events answering it.
 
 Who calls it: only :mod:`sandlot._sandbox` (``Sandbox``/``AsyncSandbox``) and the
 tests. A fake for unit tests ships in :mod:`sandlot.testing`.
+
+Besides starting sandboxes, a backend answers for its host-side housekeeping through
+classmethods the CLI and the server call by registry name, without knowing which
+backend it is (:mod:`sandlot.backends` runs them for every declared backend):
+
+* :meth:`Backend.probe` and :meth:`Backend.checks`: what ``sandlot doctor`` shows;
+* :meth:`Backend.cleanup_orphans`: what ``sandlot serve`` removes at start-up;
+* :meth:`Backend.reap` with a :meth:`SandboxHandle.recovery_token`: how a restarted
+  server destroys a sandbox its crashed predecessor left running.
+
+Each has a safe default (nothing to check, nothing to clean, nothing to reap), so a
+backend implements only what its technology leaves behind.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sandlot._models import NetworkEvent, ResourceUsage
@@ -27,6 +40,34 @@ from sandlot.policy import SandboxSpec
 
 Event = dict[str, Any]
 """One decoded, validated protocol message from the runner."""
+
+RecoveryToken = dict[str, Any]
+"""A JSON object a backend can destroy a sandbox from, in another process, after the
+process that started it died (see :meth:`SandboxHandle.recovery_token`)."""
+
+FINDING_STATUSES = ("ok", "missing", "warn", "info")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One line of ``sandlot doctor``: what a check found on this host, and the fix.
+
+    ``status``: ``ok`` (the layer works), ``missing`` (it does not: sandboxes that need
+    it are refused), ``warn`` (works, with a gap worth fixing) or ``info`` (a fact).
+    """
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in FINDING_STATUSES:
+            raise ValueError(f"Finding.status must be one of {FINDING_STATUSES}: {self.status!r}")
+
+    def as_dict(self) -> dict[str, str]:
+        """``{"name", "status", "detail", "fix"}``, as ``sandlot doctor --json`` prints it."""
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +130,17 @@ class SandboxHandle(ABC):
         ``settle`` seconds for open ones to end); None when the sandbox has no network."""
         return None
 
+    def recovery_token(self) -> RecoveryToken | None:
+        """What another process needs to destroy this sandbox should this one die first.
+
+        A server stores it with the sandbox and, after a crash, hands it to
+        :meth:`Backend.reap` of the same backend. It must be JSON-serialisable and name
+        the sandbox unambiguously (a pid with its start time, not a pid alone: pids are
+        reused). None (the default): nothing to record, because the sandbox cannot
+        outlive this process or :meth:`Backend.cleanup_orphans` finds it anyway.
+        """
+        return None
+
 
 class Backend(ABC):
     """Starts sandboxes of one isolation technology."""
@@ -103,6 +155,35 @@ class Backend(ABC):
     @abstractmethod
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         """Start a sandbox for ``spec`` and wait until its runner is ready."""
+
+    @classmethod
+    def checks(cls) -> list[Finding]:
+        """Host checks of the layers this backend applies beyond what :meth:`probe`
+        tests, for ``sandlot doctor``. No side effects. Backends that share a layer may
+        return the same finding; the doctor shows it once. Default: none."""
+        return []
+
+    @classmethod
+    def cleanup_orphans(cls) -> list[str]:
+        """Remove what sandboxes of this backend left behind when the process that
+        started them died without cleaning up (SIGKILL, a crash); return a short
+        description of each thing removed.
+
+        ``sandlot serve`` calls it for every declared backend at start-up, so it must
+        never touch what a live process owns, and must return ``[]`` rather than raise
+        where its technology is absent (no engine installed, no cgroups). Default:
+        nothing to clean."""
+        return []
+
+    @classmethod
+    def reap(cls, token: Mapping[str, Any]) -> bool:
+        """Destroy the sandbox a :meth:`SandboxHandle.recovery_token` of this backend
+        describes, if it still runs; True if something was destroyed.
+
+        The token comes back from a database, possibly from an older version: check its
+        shape, return False for anything unexpected, and make sure it still names the
+        same sandbox before killing anything. Never raises. Default: nothing to do."""
+        return False
 
     def pool_key(self) -> tuple[object, ...]:
         """What, besides the spec, decides the sandbox this backend starts: a warm pool

@@ -266,7 +266,9 @@ def host() -> Host:
 
 
 # --- one sandbox ----------------------------------------------------------------------------
-def _start_time(pid: int) -> str | None:
+def process_start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks after boot, field 22 of ``/proc/PID/stat``), to
+    tell a process from a later one that got the same pid; None if it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -286,7 +288,7 @@ class SandboxCgroup:
     @classmethod
     def create(cls, resources: Resources) -> SandboxCgroup:
         h = host()
-        name = f"{os.getpid()}.{_start_time(os.getpid())}.{secrets.token_hex(4)}"
+        name = f"{os.getpid()}.{process_start_time(os.getpid())}.{secrets.token_hex(4)}"
         group = cls(h, name)
         try:
             group._make(plan(resources, h.version, swap_files=h.swap_accounting))
@@ -477,7 +479,7 @@ def sweep_orphans() -> list[str]:
         parts = name.split(".")
         if len(parts) != 3 or not parts[0].isdigit():
             continue
-        if _start_time(int(parts[0])) == parts[1]:
+        if process_start_time(int(parts[0])) == parts[1]:
             continue  # its owner is alive
         if SandboxCgroup(h, name).destroy(timeout=2.0):
             removed.append(name)

@@ -19,9 +19,16 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from sandlot._exceptions import ProtocolError, SandboxLost, SandboxStartError
+from sandlot._exceptions import (
+    IsolationUnavailable,
+    ProtocolError,
+    SandboxLost,
+    SandboxStartError,
+    SandlotError,
+)
 from sandlot.backends._base import Event, EventStream, SandboxHandle
 from sandlot.protocol import (
+    FATAL_LIMITS,
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
     RUNNER_MESSAGES,
@@ -87,6 +94,11 @@ class ChannelHandle(SandboxHandle):
     sandbox is gone (cleanup of temporary files and the like).
     """
 
+    limits_fix = "Lower the limits in Resources or raise the host's hard limits (ulimit -H)."
+    """How to fix the host when the runner reports ``fatal`` ``limits``."""
+    FATAL_MESSAGE_CHARS = 1000
+    """A ``fatal`` message is cut to this in errors: it comes from inside the sandbox."""
+
     def __init__(
         self,
         sock: socket.socket,
@@ -125,17 +137,48 @@ class ChannelHandle(SandboxHandle):
                 f"the sandbox did not become ready within {timeout:g} s" + self._stderr_suffix()
             ) from None
         if item is _DEAD:
+            # The process may be seen dead before the reader has read the runner's last
+            # message: the channel reaches EOF once the sandbox is gone, so wait for the
+            # reader (bounded, in case something else holds the channel) and look again.
+            self._reader.join(timeout=10)
+            fatal = next((i for i in self._drain_ready() if i is not _DEAD), None)
             self.kill()  # reaps the process and closes our end of the channel
+            if fatal is not None and fatal.get("type") == "fatal":
+                raise self._refusal(fatal)
             raise SandboxStartError(
                 f"the sandbox exited while starting ({self._death_reason})" + self._stderr_suffix()
             )
         assert isinstance(item, dict)
+        if item["type"] == "fatal":
+            self.kill()
+            raise self._refusal(item)
         if item.get("version") != PROTOCOL_VERSION:
             self.kill()
             raise ProtocolError(
                 f"runner speaks protocol {item.get('version')}, the host {PROTOCOL_VERSION}"
             )
         return item
+
+    def _drain_ready(self) -> list[Any]:
+        found = []
+        while True:
+            try:
+                found.append(self._ready.get_nowait())
+            except queue.Empty:
+                return found
+
+    def _refusal(self, fatal: Event) -> SandlotError:
+        """The error for a runner that said ``fatal`` instead of ``ready``. Only before
+        ``ready``, when no user code has run yet in the sandbox, is the message trusted
+        to choose the error; it is still cut to a bounded length."""
+        message = str(fatal["message"])[: self.FATAL_MESSAGE_CHARS]
+        if fatal["reason"] == FATAL_LIMITS:
+            return IsolationUnavailable(
+                f"the sandbox could not apply its resource limits, so sandlot refuses to run "
+                f"it: {message}. {self.limits_fix}"
+            )
+        reason = str(fatal["reason"])[:100]
+        return SandboxStartError(f"the sandbox's runner could not start ({reason}): {message}")
 
     def _stderr_suffix(self) -> str:
         tail = self._stderr_tail().strip()
@@ -216,6 +259,7 @@ class ChannelHandle(SandboxHandle):
 
     def _read_loop(self) -> None:
         reader = self._sock.makefile("rb")
+        greeted = False
         try:
             while True:
                 line = reader.readline(MAX_LINE_BYTES + 1)
@@ -224,8 +268,12 @@ class ChannelHandle(SandboxHandle):
                 if not line.endswith(b"\n"):
                     raise ProtocolViolation(f"message longer than {MAX_LINE_BYTES} bytes")
                 event = decode_message(line, RUNNER_MESSAGES)
-                if event["type"] == "ready":
-                    self._ready.put(event)
+                if event["type"] in ("ready", "fatal"):
+                    # Only the first of these counts: a later "ready" or "fatal" is
+                    # ignored (and not queued, so a flood of them costs nothing).
+                    if not greeted:
+                        greeted = True
+                        self._ready.put(event)
                     continue
                 with self._lock:
                     stream = self._streams.get(event["id"])

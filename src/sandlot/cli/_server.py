@@ -67,6 +67,13 @@ def _settings(state_dir: Path | None, database: str | None, **changes: Any) -> A
     help="Start sandboxes even where whole-sandbox cgroup limits cannot be applied.",
 )
 @click.option(
+    "--backend",
+    default="auto",
+    show_default=True,
+    help="Isolation backend of every sandbox: auto (the strongest available) or a declared "
+    "backend's name (sandlot doctor lists them).",
+)
+@click.option(
     "--egress-allow",
     "egress_allow",
     multiple=True,
@@ -107,6 +114,7 @@ def serve(
     max_memory_mb: int | None,
     shutdown_grace: float,
     unsafe_best_effort_limits: bool,
+    backend: str,
     egress_allow: tuple[str, ...],
     egress_deny: tuple[str, ...],
     egress_max_bytes_in: int | None,
@@ -116,8 +124,15 @@ def serve(
 ) -> None:
     """Serve the sandbox API over HTTP (127.0.0.1 unless --host says otherwise)."""
     from sandlot import NetworkPolicy, PolicyError
+    from sandlot.backends import backend_names
     from sandlot.server import Quotas
     from sandlot.server import serve as run_server
+
+    if backend != "auto" and backend not in backend_names():
+        known = ", ".join(["auto", *backend_names()])
+        raise click.BadParameter(
+            f"unknown backend {backend!r}; known: {known}", param_hint="--backend"
+        )
 
     caps = {
         "max_bytes_in": egress_max_bytes_in,
@@ -147,6 +162,7 @@ def serve(
         quotas=quotas,
         shutdown_grace=shutdown_grace,
         unsafe_best_effort_limits=unsafe_best_effort_limits,
+        backend=backend,
         egress=ceiling,
         egress_hosts=None if egress_hosts is None else _read_hosts(egress_hosts),
     )

@@ -24,8 +24,9 @@ from typing import Any, Dict, Mapping, Tuple
 
 from sandlot.protocol import layout as _layout
 
-PROTOCOL_VERSION = 1
-"""Bumped on any incompatible change; the runner announces it in ``ready``."""
+PROTOCOL_VERSION = 2
+"""Bumped on any incompatible change; the runner announces it in ``ready``.
+2: the ``fatal`` event."""
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """Largest single message the host accepts from a runner (a big PNG fits)."""
@@ -68,6 +69,10 @@ HOST_REQUESTS: Dict[str, Dict[str, Tuple[type, ...]]] = {
 RUNNER_MESSAGES: Dict[str, Dict[str, Tuple[type, ...]]] = {
     # Sent once, without an id, when the runner is ready to take requests.
     "ready": {"version": (int,), "python": (str,)},
+    # Sent at most once, without an id, INSTEAD of "ready" when the runner cannot start
+    # as configured; it exits right after. ``reason`` is one of FATAL_REASONS (the host
+    # treats any other as a plain start failure); ``message`` says what failed.
+    "fatal": {"reason": (str,), "message": (str,)},
     # Streamed output of an execute or command request.
     "stdout": {"id": (str,), "text": (str,)},
     "stderr": {"id": (str,), "text": (str,)},
@@ -85,6 +90,12 @@ RUNNER_MESSAGES: Dict[str, Dict[str, Tuple[type, ...]]] = {
 }
 
 TERMINAL_EVENTS = frozenset({"exit", "reply"})
+
+FATAL_LIMITS = "limits"
+"""``fatal.reason``: a resource limit of the ``configure`` message cannot be applied
+(above the hard limit the sandbox was started with). The host refuses the sandbox
+(fail closed) with :class:`sandlot.IsolationUnavailable`."""
+FATAL_REASONS = frozenset({FATAL_LIMITS})
 
 EXIT_STATUSES = frozenset({"ok", "error", "timeout", "oom", "interrupted", "died"})
 

@@ -24,6 +24,7 @@ the process table (kernels, commands, strays), ``_files`` does ``files.*``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import json
 import os
@@ -39,6 +40,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from sandlot.protocol import (
     CHUNK_BYTES,
+    FATAL_LIMITS,
     HOST_REQUESTS,
     PROTOCOL_VERSION,
     ProtocolViolation,
@@ -441,6 +443,14 @@ def main(argv: List[str]) -> int:
     return run(sock, reader, config)
 
 
+def fatal(sock: "socket.socket | StdioChannel", reason: str, message: str) -> None:
+    """Tell the host, instead of ``ready``, why this sandbox cannot start (a ``fatal``
+    event); the caller exits next. The same line goes to stderr for whoever reads it."""
+    sys.stderr.write("sandlot runner: %s\n" % message)
+    with contextlib.suppress(OSError):  # the host is gone: nobody to tell
+        sock.sendall(encode({"type": "fatal", "reason": reason, "message": message}))
+
+
 def read_configuration(reader: Any) -> Optional[Dict[str, Any]]:
     """The host's first message, ``configure``; None (reason on stderr) if it is not."""
     try:
@@ -477,8 +487,8 @@ def run(
     try:
         _limits.check(config.get("rlimits") or {})
     except (OSError, ValueError) as exc:
-        # Fail closed: the host sees no "ready" and reports this line.
-        sys.stderr.write("sandlot runner: cannot apply resource limits: %s\n" % exc)
+        # Fail closed: no "ready"; the host refuses the sandbox for this typed reason.
+        fatal(sock, FATAL_LIMITS, "cannot apply resource limits: %s" % exc)
         return 70
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.stderr.write("sandlot runner: cannot become a child subreaper\n")

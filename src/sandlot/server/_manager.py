@@ -12,8 +12,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import os
-import signal
 import threading
 import time
 import uuid
@@ -22,9 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandlot import InvalidArgumentError, IsolationUnavailable, Resources, Sandbox, SandlotError
-from sandlot.backends import get_backend
-from sandlot.backends._cgroups import sweep_orphans
-from sandlot.backends.docker import cleanup_orphans
+from sandlot.backends import (
+    Backend,
+    RecoveryToken,
+    SandboxHandle,
+    cleanup_orphans,
+    get_backend,
+    reap,
+)
 from sandlot.server._egress import ServerEgress, policy_dict
 from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._store import Principal, Store
@@ -89,16 +92,6 @@ def _resources_dict(resources: Resources) -> dict[str, int | float | None]:
     return {name: getattr(resources, name) for name in Resources.__dataclass_fields__}
 
 
-def process_start_time(pid: int) -> str | None:
-    """The start time of ``pid`` (field 22 of /proc/PID/stat), to tell a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
-
-
 class SandboxManager:
     """Owns every sandbox the server started. Thread-safe; methods block (call them in threads)."""
 
@@ -121,30 +114,26 @@ class SandboxManager:
         self.on_change: list[Any] = []
 
     # --- start-up -----------------------------------------------------------------------
-    def recover(self) -> dict[str, int]:
-        """Clean up what a previous server left: processes, containers, cgroups, open rows,
+    def recover(self) -> dict[str, Any]:
+        """Clean up what a previous server left: sandboxes, backends' orphans, open rows,
         upload spool.
 
-        bwrap runs with ``--die-with-parent``, so a crashed server's sandboxes normally
-        died with it; any survivor is killed here (only if its pid still belongs to the
-        same process, checked by start time). Containers of the Docker and Podman
-        backends whose creating process is gone are removed through their engines
-        (found by sandlot's label; engines that are absent are skipped). Sandboxes and
-        cells the previous server left open are closed in the database (cells become
+        Backend-neutral: each sandbox the previous server left open is handed back to
+        its backend's :meth:`~sandlot.backends.Backend.reap` with the recovery token
+        stored when it started (bwrap sandboxes normally died with the server,
+        ``--die-with-parent``; a survivor is killed only if its pid still belongs to the
+        same process). Then every declared backend's ``cleanup_orphans()`` runs
+        (sandbox cgroups of dead processes; containers whose creating process is gone,
+        on each engine that answers; absent engines are skipped). Sandboxes and cells
+        the previous server left open are closed in the database (cells become
         ``killed``).
         """
         killed = 0
-        for row in self.store.unfinished_sandboxes():
-            pid, started = row.get("pid"), row.get("pid_start")
-            if pid and started and process_start_time(pid) == started:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
+        for backend, token in self.store.unfinished_recovery_tokens():
+            if reap(backend, token):
+                killed += 1
         boxes, cells = self.store.close_orphans()
-        containers = cleanup_orphans()
-        cgroups = len(sweep_orphans())
+        orphans = {name: len(removed) for name, removed in cleanup_orphans().items()}
         spooled = 0
         spool = self.settings.spool_dir
         if spool.is_dir():
@@ -152,11 +141,10 @@ class SandboxManager:
                 leftover.unlink(missing_ok=True)
                 spooled += 1
         spool.mkdir(parents=True, exist_ok=True)
-        report = {
+        report: dict[str, Any] = {
             "sandboxes_closed": boxes,
-            "processes_killed": killed,
-            "containers_removed": containers,
-            "cgroups_removed": cgroups,
+            "sandboxes_reaped": killed,
+            "orphans_removed": orphans,
             "cells_marked_killed": cells,
             "spool_files_removed": spooled,
         }
@@ -228,14 +216,10 @@ class SandboxManager:
             expires_at=now + lifetime,
             last_used=now,
         )
-        pid = _bwrap_pid(sandbox)
+        backend_name, token = _recovery(sandbox)
         try:
             self.store.sandbox_started(
-                entry.sandbox_id,
-                tenant,
-                template,
-                pid,
-                process_start_time(pid) if pid else None,
+                entry.sandbox_id, tenant, template, backend=backend_name, recovery=token
             )
         except BaseException:
             self._release(tenant, spec.memory_mb)
@@ -436,9 +420,11 @@ class SandboxManager:
             callback()
 
 
-def _bwrap_pid(sandbox: Sandbox) -> int | None:
-    """The host pid of the sandbox's bwrap process, for crash recovery (None if unknown)."""
+def _recovery(sandbox: Sandbox) -> tuple[str | None, RecoveryToken | None]:
+    """The sandbox's backend (registry name) and its handle's recovery token, for
+    :meth:`SandboxManager.recover` after a crash; (name, None) if it has none."""
+    backend = sandbox.backend
     handle = sandbox.handle
-    process = getattr(handle, "_process", None)
-    pid = getattr(process, "pid", None)
-    return pid if isinstance(pid, int) else None
+    if not isinstance(backend, Backend) or not isinstance(handle, SandboxHandle):
+        return None, None
+    return backend.name, handle.recovery_token()

@@ -56,9 +56,22 @@ sandboxes = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("ended_at", sa.Float, nullable=True),
     sa.Column("end_reason", sa.String(64), nullable=True),
+    # Written by servers before recovery tokens (sandbox_recovery); kept so that older
+    # databases open unchanged. No longer written or read.
     sa.Column("pid", sa.Integer, nullable=True),
     sa.Column("pid_start", sa.String(32), nullable=True),
 )
+
+sandbox_recovery = sa.Table(
+    "sandbox_recovery",
+    _metadata,
+    sa.Column("sandbox_id", sa.String(64), primary_key=True),
+    sa.Column("backend", sa.String(128), nullable=False),
+    sa.Column("token", sa.Text, nullable=False),
+)
+"""What a restarted server needs to destroy a sandbox its crashed predecessor left: the
+backend's registry name and the handle's recovery token (a JSON object only that
+backend reads). A table of its own, so databases made before it need no migration."""
 
 executions = sa.Table(
     "executions",
@@ -241,8 +254,16 @@ class Store:
 
     # --- sandboxes ----------------------------------------------------------------------
     def sandbox_started(
-        self, sandbox_id: str, tenant: str, template: str, pid: int | None, pid_start: str | None
+        self,
+        sandbox_id: str,
+        tenant: str,
+        template: str,
+        *,
+        backend: str | None = None,
+        recovery: Mapping[str, Any] | None = None,
     ) -> None:
+        """Record a new sandbox; with ``recovery`` (its handle's recovery token) and
+        ``backend`` (the registry name that reads it), for crash recovery."""
         with self.engine.begin() as conn:
             conn.execute(
                 sandboxes.insert().values(
@@ -250,10 +271,14 @@ class Store:
                     tenant=tenant,
                     template=template,
                     created_at=time.time(),
-                    pid=pid,
-                    pid_start=pid_start,
                 )
             )
+            if backend is not None and recovery is not None:
+                conn.execute(
+                    sandbox_recovery.insert().values(
+                        sandbox_id=sandbox_id, backend=backend, token=json.dumps(dict(recovery))
+                    )
+                )
 
     def sandbox_ended(self, sandbox_id: str, reason: str) -> None:
         with self.engine.begin() as conn:
@@ -262,11 +287,28 @@ class Store:
                 .where(sandboxes.c.sandbox_id == sandbox_id, sandboxes.c.ended_at.is_(None))
                 .values(ended_at=time.time(), end_reason=reason)
             )
+            conn.execute(
+                sandbox_recovery.delete().where(sandbox_recovery.c.sandbox_id == sandbox_id)
+            )
 
-    def unfinished_sandboxes(self) -> list[dict[str, Any]]:
+    def unfinished_recovery_tokens(self) -> list[tuple[str, dict[str, Any]]]:
+        """(backend, recovery token) of every sandbox still open (the previous server
+        crashed); rows whose token is not a JSON object are skipped."""
+        query = (
+            sa.select(sandbox_recovery.c.backend, sandbox_recovery.c.token)
+            .join(sandboxes, sandboxes.c.sandbox_id == sandbox_recovery.c.sandbox_id)
+            .where(sandboxes.c.ended_at.is_(None))
+        )
+        found = []
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(sandboxes).where(sandboxes.c.ended_at.is_(None)))
-            return [dict(row._mapping) for row in rows]
+            for backend, text in conn.execute(query):
+                try:
+                    token = json.loads(text)
+                except ValueError:
+                    continue
+                if isinstance(token, dict):
+                    found.append((str(backend), token))
+        return found
 
     def close_orphans(self) -> tuple[int, int]:
         """After a crash: end every sandbox and cell the previous server left open.
@@ -280,6 +322,9 @@ class Store:
                 .where(sandboxes.c.ended_at.is_(None))
                 .values(ended_at=now, end_reason="server-crashed")
             ).rowcount
+            # Those sandboxes are closed now: their tokens are not needed any more.
+            ended = sa.select(sandboxes.c.sandbox_id).where(sandboxes.c.ended_at.is_not(None))
+            conn.execute(sandbox_recovery.delete().where(sandbox_recovery.c.sandbox_id.in_(ended)))
             cells = conn.execute(
                 executions.update()
                 .where(executions.c.outcome == "running")

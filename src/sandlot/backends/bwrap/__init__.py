@@ -10,14 +10,16 @@ import contextlib
 import os
 import socket
 import subprocess
+from collections.abc import Mapping
+from typing import Any
 
 from sandlot._exceptions import (
     BackendUnavailable,
     IsolationUnavailable,
     SandboxStartError,
 )
-from sandlot.backends._base import Backend, Probe, SandboxHandle
-from sandlot.backends.bwrap import _seccomp
+from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle
+from sandlot.backends.bwrap import _host, _seccomp
 from sandlot.backends.bwrap._compile import build_argv, runner_config
 from sandlot.backends.bwrap._host import (
     SPAWNER,
@@ -58,6 +60,18 @@ class BwrapBackend(Backend):
     @classmethod
     def probe(cls) -> Probe:
         return probe_host()
+
+    @classmethod
+    def checks(cls) -> list[Finding]:
+        return _host.checks()
+
+    @classmethod
+    def cleanup_orphans(cls) -> list[str]:
+        return _host.cleanup_orphans()
+
+    @classmethod
+    def reap(cls, token: Mapping[str, Any]) -> bool:
+        return _host.reap(token)
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         probe = self.probe()
@@ -126,12 +140,6 @@ class BwrapBackend(Backend):
         try:
             handle.wait_ready(START_TIMEOUT)
         except SandboxStartError as exc:
-            if "cannot apply resource limits" in tail():
-                raise IsolationUnavailable(
-                    f"the sandbox could not apply its resource limits, so sandlot refuses to "
-                    f"run it: {tail()}. Lower the limits in Resources or raise the host's hard "
-                    f"limits (ulimit -H)."
-                ) from exc
             if "seccomp" in tail():
                 raise IsolationUnavailable(
                     f"bwrap could not install the syscall filter, so sandlot refuses to run "

@@ -1,7 +1,8 @@
 """What the cold bubblewrap backend and the zygote share on the host side: the host
-probe (a real self-test), where bwrap is, the host layout a sandbox is built from,
-the spawner thread, what runs between fork and exec (cgroup join, uid drop), the
-sandbox's cgroup, and the handle.
+probe (a real self-test) and doctor checks, where bwrap is, the host layout a sandbox
+is built from, the spawner thread, what runs between fork and exec (cgroup join, uid
+drop), the sandbox's cgroup, the handle, and the housekeeping after a crash (orphaned
+cgroups, reaping a sandbox from its recovery token).
 
 Both :mod:`sandlot.backends.bwrap` (cold starts) and :mod:`._zygote` (forks) import
 this module; neither imports the other's private names.
@@ -18,12 +19,13 @@ import os
 import queue
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -35,11 +37,14 @@ from sandlot._exceptions import (
 )
 from sandlot._models import NetworkEvent, ResourceUsage
 from sandlot.backends import _cgroups
-from sandlot.backends._base import Probe
+from sandlot.backends._base import Finding, Probe, RecoveryToken
+from sandlot.backends._cgroups import process_start_time
 from sandlot.backends._channel import ChannelHandle, SandboxProcess
+from sandlot.backends.bwrap import _seccomp
 from sandlot.backends.bwrap._compile import ETC_ENTRIES, HostLayout
 from sandlot.egress import EgressLease
 from sandlot.policy import SandboxSpec
+from sandlot.seccomp import DENIED, denied_names
 from sandlot.templates import Template, cache_dir
 
 log = logging.getLogger("sandlot.backend")
@@ -352,6 +357,84 @@ class BwrapHandle(ChannelHandle):
     def usage(self) -> ResourceUsage | None:
         return None if self._cgroup is None else self._cgroup.usage()
 
+    def recovery_token(self) -> RecoveryToken | None:
+        # The host process whose death ends the sandbox (bwrap, or a zygote-made
+        # sandbox's pid 1), with its start time so a reused pid is never mistaken for it.
+        pid = self._process.pid
+        if not isinstance(pid, int) or isinstance(pid, bool) or not self.alive:
+            return None
+        started = process_start_time(pid)
+        return None if started is None else {"pid": pid, "start": started}
+
+
+def reap(token: Mapping[str, Any]) -> bool:
+    """SIGKILL the process a :meth:`BwrapHandle.recovery_token` names, if it is still
+    the same process (same pid and start time); True if it was killed.
+
+    The pid is pinned with a pidfd before its start time is compared, so the signal
+    cannot reach a process that took the pid in between. Killing bwrap (or a forked
+    sandbox's pid 1) ends the sandbox's pid namespace, and with it everything inside.
+    """
+    pid, started = token.get("pid"), token.get("start")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return False
+    if not isinstance(started, str):
+        return False
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return False  # gone (or not ours to see)
+    try:
+        if process_start_time(pid) != started:
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def checks() -> list[Finding]:
+    """``sandlot doctor``'s bubblewrap findings beyond the probe: which host uid
+    sandboxes run as, and whether the syscall filter compiles (libseccomp)."""
+    return [_running_as(), _seccomp_finding()]
+
+
+def _running_as() -> Finding:
+    if os.geteuid() != 0:
+        return Finding(
+            "running as",
+            "info",
+            f"uid {os.geteuid()}; sandboxes run as this uid, with no capabilities",
+        )
+    try:
+        drop = drop_to()
+    except IsolationUnavailable as exc:  # SANDLOT_HOST_UID=0
+        return Finding("running as", "missing", f"root; {exc}", f"unset {HOST_UID_ENV}")
+    uid = drop[0] if drop else "?"
+    return Finding(
+        "running as",
+        "info",
+        f"root; sandboxes run as unprivileged host uid {uid} with no capabilities ({HOST_UID_ENV})",
+    )
+
+
+def _seccomp_finding() -> Finding:
+    try:
+        program = _seccomp.filter_program()
+    except IsolationUnavailable as exc:
+        return Finding("seccomp", "missing", str(exc), _seccomp.LIBSECCOMP_FIX)
+    rules = len(DENIED) - len(denied_names())
+    return Finding(
+        "seccomp",
+        "ok",
+        f"libseccomp filter ({len(program) // 8} BPF instructions): {len(denied_names())} "
+        f"syscalls denied outright, {rules} argument rules "
+        "(namespace clone flags, raw/netlink/packet sockets, TIOCSTI, personality); "
+        "installed in every sandbox",
+    )
+
 
 class Enter:
     """``preexec_fn``: runs in the forked child before it execs bwrap.
@@ -488,3 +571,10 @@ def sweep_once() -> None:
         _SWEPT = True
         with contextlib.suppress(Exception):
             _cgroups.sweep_orphans()
+
+
+def cleanup_orphans() -> list[str]:
+    """Remove the sandbox cgroups of sandlot processes that died without cleaning up
+    (their bwrap processes died with them: ``--die-with-parent``); ``[]`` on a host
+    without usable cgroups."""
+    return [f"cgroup {name}" for name in _cgroups.sweep_orphans()]

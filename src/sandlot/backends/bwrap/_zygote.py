@@ -36,12 +36,13 @@ import struct
 import subprocess
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from sandlot._exceptions import BackendUnavailable, SandboxStartError
 from sandlot.backends import _cgroups
-from sandlot.backends._base import Backend, Probe, SandboxHandle
-from sandlot.backends.bwrap import BwrapBackend, _seccomp
+from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle
+from sandlot.backends.bwrap import BwrapBackend, _host, _seccomp
 from sandlot.backends.bwrap._compile import build_zygote_argv, runner_config
 from sandlot.backends.bwrap._host import (
     SPAWNER,
@@ -359,6 +360,20 @@ class ZygoteBackend(Backend):
         # Weaker than cold bwrap by design (its sandboxes share the zygote's user
         # namespace), so "auto" never picks it; ask for it by name.
         return Probe("zygote", probe.available, probe.reason, probe.fix, 9, probe.details)
+
+    # The same host layers and leftovers as a cold bwrap sandbox: its cgroups, and a
+    # recovery token naming the forked sandbox's pid 1.
+    @classmethod
+    def checks(cls) -> list[Finding]:
+        return _host.checks()
+
+    @classmethod
+    def cleanup_orphans(cls) -> list[str]:
+        return _host.cleanup_orphans()
+
+    @classmethod
+    def reap(cls, token: Mapping[str, Any]) -> bool:
+        return _host.reap(token)
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         probe = self.probe()

@@ -13,7 +13,8 @@ stdin/stdout through the engine's attach stream (no host socket, no network).
 * ``Sandbox(backend=DockerBackend(runtime="runsc"))``: gVisor (or ``kata-runtime``).
 * ``Sandbox(backend="podman")``: Podman (rootful), through its API socket.
 * :func:`cleanup_orphans`: remove sandlot containers whose creator is gone (servers
-  call it at start-up). ``Sandbox(backend=..., pool=sandlot.Pool(...))`` keeps warm
+  call each backend's :meth:`~sandlot.backends.Backend.cleanup_orphans`, which does
+  this for its engine, at start-up). ``Sandbox(backend=..., pool=sandlot.Pool(...))`` keeps warm
   containers: started, runner up, data stack imported.
 """
 
@@ -197,6 +198,10 @@ class _ContainerBackend(Backend):
     def probe(cls) -> Probe:
         return _probe(cls.kind, os.environ.get(cls._runtime_env()) or None, cls.name, cls.strength)
 
+    @classmethod
+    def cleanup_orphans(cls) -> list[str]:
+        return _remove_orphans(cls.kind)
+
     def probe_instance(self) -> Probe:
         """Like :meth:`probe`, for this instance's runtime."""
         return _probe(self.kind, self.runtime, self.name, self.strength)
@@ -322,20 +327,15 @@ class _ContainerBackend(Backend):
             ),
             egress=lease,
         )
-        try:
-            handle.wait_ready(START_TIMEOUT)
-        except SandboxStartError as exc:
-            if "cannot apply resource limits" in tail():
-                raise IsolationUnavailable(
-                    f"the sandbox could not apply its resource limits, so sandlot refuses to "
-                    f"run it: {tail()}. Lower the limits in Resources."
-                ) from exc
-            raise
+        # A runner that cannot apply its limits says so ("fatal"): IsolationUnavailable.
+        handle.wait_ready(START_TIMEOUT)
         return handle
 
 
 class ContainerHandle(ChannelHandle):
     """A container sandbox: the channel, plus the container's cgroup counters."""
+
+    limits_fix = "Lower the limits in Resources."
 
     def __init__(
         self,
@@ -418,27 +418,32 @@ def cleanup_orphans(kinds: tuple[EngineKind, ...] = (DOCKER, PODMAN)) -> int:
     mid-start. Containers of other hosts sharing the engine are removed only once
     they stopped. Engines that are absent are skipped.
     """
-    removed = 0
+    return sum(len(_remove_orphans(kind)) for kind in kinds)
+
+
+def _remove_orphans(kind: EngineKind) -> list[str]:
+    """:func:`cleanup_orphans` for one engine: the containers removed (``[]`` when the
+    engine, or the ``docker`` client library, is absent)."""
+    if engine_url(kind) is None:
+        return []
+    try:
+        engine = _engine_for(kind)
+        found = engine.containers([LABEL])
+    except Exception:
+        return []
+    removed = []
     host = socket.gethostname()
-    for kind in kinds:
-        if engine_url(kind) is None:
+    for container in found:
+        labels = container.get("Labels") or {}
+        owner = str(labels.get(LABEL_OWNER, ""))
+        owner_host, _, pid = owner.rpartition(":")
+        running = container.get("State") == "running"
+        if owner_host == host and pid.isdigit() and _alive(int(pid)):
             continue
-        try:
-            engine = _engine_for(kind)
-            found = engine.containers([LABEL])
-        except Exception:
+        if owner_host != host and running:
             continue
-        for container in found:
-            labels = container.get("Labels") or {}
-            owner = str(labels.get(LABEL_OWNER, ""))
-            owner_host, _, pid = owner.rpartition(":")
-            running = container.get("State") == "running"
-            if owner_host == host and pid.isdigit() and _alive(int(pid)):
-                continue
-            if owner_host != host and running:
-                continue
-            engine.kill_and_remove(str(container["Id"]))
-            removed += 1
+        engine.kill_and_remove(str(container["Id"]))
+        removed.append(f"{kind.name} container {str(container['Id'])[:12]}")
     return removed
 
 
