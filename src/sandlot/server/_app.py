@@ -157,7 +157,13 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
     manager = SandboxManager(settings, store)
     if recover:
         manager.recover()
-    manager.on_change.append(lambda: metrics.sandboxes_live.set(len(manager.all())))
+    manager.on_change.append(metrics.sandboxes_live.set)
+
+    def count_end(reason: str) -> None:
+        if reason in _ENDED:
+            metrics.sandboxes_ended.labels(_ENDED[reason]).inc()
+
+    manager.on_end.append(count_end)
     state = ServerState(
         settings=settings,
         store=store,
@@ -206,6 +212,10 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
     return app
 
 
+_ENDED = {"killed": "killed", "idle": "reaped", "expired": "reaped"}
+"""Sandbox end reasons -> the ``sandlot_sandboxes_ended`` label they count under."""
+
+
 async def _reap_forever(state: ServerState) -> None:
     while True:
         await asyncio.sleep(state.settings.reap_interval)
@@ -214,5 +224,5 @@ async def _reap_forever(state: ServerState) -> None:
         except Exception:
             log.exception("reaper failed")
             continue
-        for _ in reaped:
-            state.metrics.sandboxes_ended.labels("reaped").inc()
+        if reaped:
+            log.info("reaped %d sandbox(es)", len(reaped))

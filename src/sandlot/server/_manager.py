@@ -112,6 +112,10 @@ class SandboxManager:
         self._default_lock = threading.Lock()
         self.closing = False
         self.on_change: list[Any] = []
+        """Called with the number of live sandboxes whenever it changes."""
+        self.on_end: list[Any] = []
+        """Called with a sandbox's end reason ("killed", "idle", "expired", ...), under
+        the registry's lock: whoever sees the sandbox gone (a 404) sees it counted."""
 
     # --- start-up -----------------------------------------------------------------------
     def recover(self) -> dict[str, Any]:
@@ -229,7 +233,7 @@ class SandboxManager:
             self._pending[tenant] -= 1
             self._pending_memory[tenant] -= spec.memory_mb
             self._sandboxes[entry.sandbox_id] = entry
-        self._changed()
+            self._changed_locked()
         log.info("sandbox %s created for tenant %s", entry.sandbox_id, tenant)
         return entry
 
@@ -331,12 +335,14 @@ class SandboxManager:
         with self._lock:
             if self._sandboxes.pop(entry.sandbox_id, None) is None:
                 return False
+            for callback in self.on_end:
+                callback(reason)
+            self._changed_locked()
         entry.sandbox.kill()
         try:
             self.store.sandbox_ended(entry.sandbox_id, reason)
         except Exception:  # the sandbox is gone either way; recover() closes the row
             log.exception("could not record the end of sandbox %s", entry.sandbox_id)
-        self._changed()
         log.info("sandbox %s ended (%s)", entry.sandbox_id, reason)
         return True
 
@@ -415,9 +421,10 @@ class SandboxManager:
         )
         return report
 
-    def _changed(self) -> None:
+    def _changed_locked(self) -> None:
+        live = len(self._sandboxes)
         for callback in self.on_change:
-            callback()
+            callback(live)
 
 
 def _recovery(sandbox: Sandbox) -> tuple[str | None, RecoveryToken | None]:

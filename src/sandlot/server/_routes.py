@@ -257,8 +257,7 @@ async def get_sandbox(entry: Owned) -> SandboxInfo:
 @router.delete("/v1/sandboxes/{sandbox_id}", status_code=204, tags=["sandboxes"])
 async def kill_sandbox(request: Request, entry: Owned) -> None:
     state = state_of(request)
-    if await state.blocking(state.manager.kill, entry, "killed"):
-        state.metrics.sandboxes_ended.labels("killed").inc()
+    await state.blocking(state.manager.kill, entry, "killed")  # counted by the manager
 
 
 @router.post("/v1/sandboxes/{sandbox_id}/timeout", status_code=204, tags=["sandboxes"])
