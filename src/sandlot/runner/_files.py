@@ -226,8 +226,10 @@ class Files:
         self, path: str, absolute: str, stack: List[Tuple[int, str]], todo: List[str]
     ) -> None:
         """Start again from the absolute path ``absolute``: lexically down to a root (its
-        ancestors, / and /home, are not writable by user code, so hold no symlinks), then
-        from that root's descriptor. PathRefused if it leads anywhere else."""
+        ancestors, / and /home, are read-only in every backend, so hold no symlinks of
+        user code's; and whatever they held, a path only goes on from a root's
+        descriptor), then from that root's descriptor. PathRefused if it leads anywhere
+        else."""
         for fd, _ in stack:
             os.close(fd)
         del stack[:]
