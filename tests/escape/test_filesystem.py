@@ -571,7 +571,8 @@ while time.monotonic() < deadline:  # bounded; the test kills it once it is done
 """
 PROC_RACE_ROUNDS = 300
 """Rounds of files.* calls against the swapping directory (nine calls each). Before
-the descriptor-based resolution, the first leak came within a few rounds."""
+the descriptor-based resolution, the first leak came by round 25 at the latest (19
+runs over bwrap, zygote, pool, docker and podman; most in rounds 0-2)."""
 TOUCHED = ("Permission denied", "Operation not permitted", "cross-device")
 """What /proc/1 answers a remove, rename or make_dir that reached it."""
 
