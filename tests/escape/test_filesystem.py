@@ -17,8 +17,9 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from escape_helpers import (
@@ -518,10 +519,10 @@ while True:  # swap each directory with its outward symlink, atomically, forever
 def test_a_symlink_swapped_in_mid_operation_cannot_escape(
     fresh_sandbox: Sandbox, request: pytest.FixtureRequest
 ) -> None:
-    # Proves the check on the opened descriptor (/proc/self/fd), which catches a
-    # directory swapped for an outward symlink between the path check and the open.
-    # Checked by hand: with that check removed, reads returned the runner's source
-    # within a few hundred attempts.
+    # Proves reads and writes resolve by descriptor from the workspace roots: a
+    # directory swapped for an outward symlink mid-call leads nowhere outside.
+    # Checked by hand: with a path check followed by an open by name (and no check of
+    # the descriptor), reads returned the runner's source within a few hundred attempts.
     xfail_under_gvisor(
         fresh_sandbox,
         request,
@@ -551,6 +552,110 @@ def test_a_symlink_swapped_in_mid_operation_cannot_escape(
     assert reads and refusals, (len(reads), refusals)  # control: the race alternated
     shm = cell_json(sbx, "import json, os; print(json.dumps(os.listdir('/dev/shm')))")
     assert shm == []
+
+
+PROC_RACE = """
+import ctypes, os, platform, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+RENAMEAT2 = {"x86_64": 316, "aarch64": 276}[platform.machine()]
+os.makedirs("/home/user/prace/d/fd")
+os.chdir("/home/user/prace")
+open("d/fd/0", "w").write("inside")
+open("d/status", "w").write("inside-status")
+os.symlink("/proc/1", "d_out")  # the supervisor's /proc: its fd/ holds the host channel
+deadline = time.monotonic() + float(sys.argv[1])
+open("/tmp/prace.ready", "w").close()
+while time.monotonic() < deadline:  # bounded; the test kills it once it is done
+    for _ in range(1000):  # swap the directory and the link, atomically
+        libc.syscall(RENAMEAT2, -100, b"d", -100, b"d_out", 2)  # RENAME_EXCHANGE
+"""
+PROC_RACE_ROUNDS = 300
+"""Rounds of files.* calls against the swapping directory (nine calls each). Before
+the descriptor-based resolution, the first leak came by round 25 at the latest (19
+runs over bwrap, zygote, pool, docker and podman; most in rounds 0-2)."""
+TOUCHED = ("Permission denied", "Operation not permitted", "cross-device")
+"""What /proc/1 answers a remove, rename or make_dir that reached it."""
+
+
+def test_files_api_cannot_be_raced_into_the_supervisors_proc(
+    fresh_sandbox: Sandbox, request: pytest.FixtureRequest
+) -> None:
+    # Proves every files.* operation works from descriptors opened under the workspace
+    # roots, never re-resolving a checked name: user code swaps a directory with a
+    # symlink to /proc/1 (renameat2 RENAME_EXCHANGE, in a loop) while the host calls
+    # get_info, exists, list, read, remove, rename and make_dir below it. With the
+    # check-then-use code, get_info/exists/list answered from /proc/1 (the host
+    # channel's socket among /proc/1/fd) and remove/rename reached into it.
+    xfail_under_gvisor(
+        fresh_sandbox,
+        request,
+        "gVisor (runsc 20221219) refuses renameat2's RENAME_EXCHANGE (EINVAL), so "
+        "the attacker's atomic swap never happens and the control (some calls refused "
+        "mid-swap) fails: the attack cannot be mounted there",
+    )
+    sbx = fresh_sandbox
+    sbx.files.write("prace_racer.py", PROC_RACE)
+    sbx.run_code(
+        "import subprocess, sys, os, time\n"
+        "racer = subprocess.Popen([sys.executable, '/home/user/prace_racer.py', '300'])\n"
+        "while not os.path.exists('/tmp/prace.ready'):\n"
+        "    time.sleep(0.01)\n"
+    )
+    is_file = sandlot.FileType.FILE
+    checks: list[tuple[str, Callable[[], Any], Callable[[Any], bool]]] = [
+        (
+            "get_info d/fd/0",
+            lambda: sbx.files.get_info("prace/d/fd/0"),
+            lambda info: info.type == is_file and info.symlink_target is None and info.size == 6,
+        ),
+        ("exists d/fd/1", lambda: sbx.files.exists("prace/d/fd/1"), lambda found: not found),
+        (
+            "list d/fd",
+            lambda: sbx.files.list("prace/d/fd"),
+            lambda entries: (
+                [(e.name, e.type, e.symlink_target) for e in entries] == [("0", is_file, None)]
+            ),
+        ),
+        (
+            "list d",
+            lambda: sbx.files.list("prace/d"),
+            lambda entries: {e.name for e in entries} <= {"fd", "status", "made"},
+        ),
+        ("read d/status", lambda: sbx.files.read("prace/d/status"), "inside-status".__eq__),
+        ("read d/fd/0", lambda: sbx.files.read("prace/d/fd/0"), "inside".__eq__),
+        ("make_dir d/made", lambda: sbx.files.make_dir("prace/d/made"), lambda _: True),
+        # Never there: success or any error but "not found"/"refused" touched /proc.
+        ("remove d/fd/1", lambda: sbx.files.remove("prace/d/fd/1"), lambda _: False),
+        ("rename d/fd/2", lambda: sbx.files.rename("prace/d/fd/2", "prace/m"), lambda _: False),
+    ]
+    leaks: list[tuple[int, str, str]] = []
+    errors: list[tuple[int, str, str]] = []  # neither answered nor refused cleanly
+    answered = refused = 0
+    for attempt in range(PROC_RACE_ROUNDS):
+        for what, call, legitimate in checks:
+            try:
+                value = call()
+            except sandlot.PathNotAllowedError:
+                refused += 1  # mid-swap: the directory was the link
+                continue
+            except sandlot.NotFoundError:
+                answered += 1
+                continue
+            except sandlot.FileOperationError as exc:
+                # Refused by /proc itself: the call reached into it.
+                touched = any(word in str(exc) for word in TOUCHED)
+                (leaks if touched else errors).append((attempt, what, repr(exc)[:200]))
+                continue
+            if legitimate(value):
+                answered += 1
+            else:
+                leaks.append((attempt, what, repr(value)[:200]))
+        if leaks:
+            break  # one is proof enough; the rest of the rounds would only add more
+    sbx.run_code("racer.kill(); racer.wait()")
+    assert leaks == [], f"{len(leaks)} leaks by round {leaks[0][0]}: {leaks[:5]}"
+    assert errors == [], errors[:5]
+    assert answered and refused, (answered, refused)  # control: the race alternated
 
 
 # --- /proc of other processes ------------------------------------------------------------

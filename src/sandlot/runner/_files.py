@@ -3,18 +3,36 @@
 The supervisor runs these for the host. It can read what user code cannot (its own
 ``/proc/1/*`` files, above all the host channel's socket), so every operation is
 confined to the workspace roots (the working directory and /tmp).
+
+User code runs at the same time and can swap any directory of the workspace for a
+symlink at any moment (``renameat2(RENAME_EXCHANGE)`` does it atomically), so a path
+is never checked and then used by name: the roots are opened once, every lookup walks
+from a root's descriptor, and every operation acts on the descriptor of the directory
+the walk arrived at (``dir_fd=``, never following the last name unless it was just
+resolved). Where the kernel has ``openat2`` (Linux 5.6), a path without symlinks is
+opened in one call with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+RESOLVE_NO_MAGICLINKS``; anything else (a symlink, an older kernel, a filter that
+refuses the call) takes the walk, one ``O_NOFOLLOW | O_DIRECTORY`` ``openat`` per name,
+which reads each symlink itself and follows it only while it stays inside the roots.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
-import shutil
+import platform
+import posixpath
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
 from sandlot.protocol import NAME_MAX, PATH_MAX
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+"""How the walk opens a directory: never through a symlink (ENOTDIR or ELOOP then)."""
+MAX_SYMLINKS = 40
+"""Symlinks one lookup may follow, as the kernel allows."""
 
 
 class FilesError(Exception):
@@ -37,29 +55,60 @@ class InvalidArgument(FilesError):
     name = "InvalidArgumentError"
 
 
+class Place:
+    """Where a lookup arrived: the open directory ``fd`` and ``name`` in it, or the
+    directory itself when ``name`` is empty; ``shown`` is its path, for replies and
+    messages only (never opened again). The caller closes it."""
+
+    __slots__ = ("fd", "name", "shown")
+
+    def __init__(self, fd: int, name: str, shown: str) -> None:
+        self.fd = fd
+        self.name = name
+        self.shown = shown
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "Place":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class Files:
     """The ``files.*`` operations, relative to the working directory ``workdir``."""
 
-    def __init__(self, workdir: str) -> None:
+    # A path must name something in the roots, and a symlink is followed only while
+    # what it leads to is there too (absolute links and links between the two roots
+    # included). Writes never go through a symlink as the file itself.
+    def __init__(self, workdir: str, roots: Optional[Tuple[str, ...]] = None) -> None:
+        """``roots``: the workspace, ``workdir`` and /tmp unless given (tests give others)."""
         self.workdir = workdir
+        self.roots: Tuple[str, ...] = roots or (workdir, "/tmp")
+        # Opened once, before any user code runs. Their parents (/, /home) are not
+        # writable by user code and each root is a mount of its own, so these
+        # descriptors are the workspace for the sandbox's life.
+        self.root_fds: Dict[str, int] = {}
+        self.root_errors: Dict[str, str] = {}
+        for root in self.roots:
+            try:
+                self.root_fds[root] = os.open(root, DIR_FLAGS)
+            except OSError as exc:
+                self.root_errors[root] = str(exc.strerror or exc)
 
-    # The files API is confined to the workspace roots (the working directory and /tmp):
-    # a path must name something there, and a symlink is followed only when what it
-    # resolves to is there too. Writes never go through a symlink. Every open is checked
-    # again on the descriptor itself (/proc/self/fd), so a link swapped in between the
-    # check and the open (user code runs concurrently) is caught too. This matters
-    # because the supervisor can read what user code cannot: its own /proc/1/* files.
-    def resolve(self, path: str) -> str:
-        return os.path.normpath(os.path.join(self.workdir, path))
-
-    @property
-    def roots(self) -> Tuple[str, ...]:
-        return (self.workdir, "/tmp")
+    def close(self) -> None:
+        for fd in self.root_fds.values():
+            os.close(fd)
+        self.root_fds.clear()
 
     def confined(self, path: str) -> str:
         """The absolute, normalised path, or PathRefused when it is outside the roots."""
         _check_name(path)
-        lexical = self.resolve(path)
+        lexical = os.path.normpath(os.path.join(self.workdir, path))
         if lexical.startswith("//"):  # normpath keeps a leading "//"
             lexical = "/" + lexical.lstrip("/")
         if not _within(lexical, self.roots):
@@ -68,50 +117,163 @@ class Files:
             )
         return lexical
 
-    def with_real_parent(self, path: str) -> str:
-        """The path with its directory's symlinks resolved; the last part is kept as is
-        (stat, remove and rename act on a link itself). Refused outside the roots."""
+    # --- lookups --------------------------------------------------------------------
+    def locate(self, path: str, follow: bool, create: bool = False) -> Place:
+        """Where ``path`` leads, from a root's descriptor. ``follow``: a symlink as the
+        last name is followed (reads, lists), else the link itself is the place (stat,
+        remove, rename, write). ``create``: missing directories on the way are made."""
         lexical = self.confined(path)
-        if lexical in self.roots:
-            return lexical
-        parent = os.path.realpath(os.path.dirname(lexical))
-        if not _within(parent, self.roots):
-            raise PathRefused(
-                "%s resolves outside the sandbox workspace (to %s) through a symlink"
-                % (lexical, parent)
+        fast = self._beneath(lexical)
+        if fast is not None:
+            if not follow or not fast.name:
+                return fast
+            try:
+                last = os.stat(fast.name, dir_fd=fast.fd, follow_symlinks=False)
+            except OSError:
+                return fast  # missing: the operation itself says so
+            if not stat.S_ISLNK(last.st_mode):
+                return fast
+            fast.close()
+        return self._walk(lexical, follow, create)
+
+    def _root_fd(self, root: str) -> int:
+        """A descriptor of ``root`` the caller owns (a duplicate of the one kept)."""
+        fd = self.root_fds.get(root)
+        if fd is None:
+            raise FilesError(
+                "the workspace directory %s could not be opened when the sandbox started "
+                "(%s)" % (root, self.root_errors.get(root, "unknown error"))
             )
-        return os.path.join(parent, os.path.basename(lexical))
+        return os.dup(fd)
 
-    def real(self, path: str) -> str:
-        """The path with every symlink resolved; refused when that leaves the roots."""
-        lexical = self.confined(path)
-        target = os.path.realpath(lexical)
-        if not _within(target, self.roots):
-            raise PathRefused(
-                "%s is a symlink (or under one) to %s, outside the sandbox workspace"
-                % (lexical, target)
-            )
-        return target
+    def _beneath(self, lexical: str) -> Optional[Place]:
+        """The fast path: the directory of ``lexical`` in one openat2 call, refused by the
+        kernel on any symlink, magic link or way out; None when it cannot say (then the
+        walk does, and gives the precise answer or error)."""
+        root = next(r for r in self.roots if _within(lexical, (r,)))
+        if lexical == root:
+            return Place(self._root_fd(root), "", root)
+        directory, name = posixpath.split(lexical[len(root) + 1 :])
+        fd = _openat2_beneath(self.root_fds.get(root), directory or ".")
+        return None if fd is None else Place(fd, name, lexical)
 
-    def check_fd(self, fd: int, shown: str) -> None:
-        """Refuse (and close) a descriptor whose file is not where the checks said."""
+    def _walk(self, path: str, follow: bool, create: bool) -> Place:
+        """Resolve the absolute ``path`` one name at a time, each opened with
+        O_NOFOLLOW relative to the directory before it, reading symlinks here."""
+        stack: List[Tuple[int, str]] = []  # (descriptor, path): a root, then below it
+        todo: List[str] = []  # the names still to resolve, the next one last
+        links = 0
+        created = ""  # the directory just made, to make each one once only
         try:
-            actual = os.readlink("/proc/self/fd/%d" % fd)
-        except OSError:
-            actual = ""  # cannot tell: fail closed
-        if not _within(actual, self.roots):
-            os.close(fd)
-            raise PathRefused("%s changed to point outside the sandbox workspace" % shown)
-
-    def open_read(self, path: str) -> Tuple[int, str]:
-        target = self.real(path)
-        try:
-            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise PathRefused("%s changed while it was opened" % target) from None
+            self._enter(path, path, stack, todo)
+            while todo:
+                name = todo.pop()
+                if name in ("", "."):
+                    continue
+                fd, where = stack[-1]
+                if name == "..":
+                    if len(stack) > 1:
+                        os.close(stack.pop()[0])
+                    else:  # above a root: what is left is an absolute path again
+                        above = posixpath.dirname(where)
+                        self._enter(path, "/".join([above, *reversed(todo)]), stack, todo)
+                    continue
+                shown = posixpath.join(where, name)
+                if not todo:  # the last name
+                    if not follow:
+                        return _take(stack, name, shown)
+                    try:
+                        last = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except OSError:
+                        return _take(stack, name, shown)  # the operation reports it
+                    if not stat.S_ISLNK(last.st_mode):
+                        return _take(stack, name, shown)
+                    target = _read_link(fd, name, shown, errno.ELOOP)
+                else:
+                    try:
+                        stack.append((_open_entry(fd, name, DIR_FLAGS), shown))
+                        continue
+                    except OSError as exc:
+                        if exc.errno == errno.ENOENT and create and created != shown:
+                            created = shown
+                            try:
+                                os.mkdir(name, 0o777, dir_fd=fd)
+                            except FileExistsError:
+                                pass  # made meanwhile (or a link): look again
+                            except OSError as err:
+                                raise OSError(err.errno, err.strerror, shown) from None
+                            todo.append(name)
+                            continue
+                        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                            raise OSError(exc.errno, exc.strerror, shown) from None
+                        target = _read_link(fd, name, shown, exc.errno)
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                if target.startswith("/"):
+                    self._enter(path, "/".join([target, *reversed(todo)]), stack, todo)
+                else:
+                    todo.extend(reversed(target.split("/")))
+            # Ended on a directory itself (a link to "." or "..", or a root).
+            fd, where = stack.pop()
+            return _take(stack, "", where, fd)
+        except BaseException:
+            for fd, _ in stack:
+                os.close(fd)
             raise
-        self.check_fd(fd, target)
+
+    def _enter(
+        self, path: str, absolute: str, stack: List[Tuple[int, str]], todo: List[str]
+    ) -> None:
+        """Start again from the absolute path ``absolute``: lexically down to a root (its
+        ancestors, / and /home, are read-only in every backend, so hold no symlinks of
+        user code's; and whatever they held, a path only goes on from a root's
+        descriptor), then from that root's descriptor. PathRefused if it leads anywhere
+        else."""
+        for fd, _ in stack:
+            os.close(fd)
+        del stack[:]
+        parts = absolute.split("/")
+        cursor = "/"
+        for index, part in enumerate(parts):
+            if part in ("", "."):
+                continue
+            cursor = posixpath.dirname(cursor) if part == ".." else posixpath.join(cursor, part)
+            if cursor in self.roots:
+                stack.append((self._root_fd(cursor), cursor))
+                todo[:] = reversed(parts[index + 1 :])
+                return
+            if not any(root.startswith(cursor.rstrip("/") + "/") for root in self.roots):
+                break
+        raise PathRefused(
+            "%s leads outside the sandbox workspace (%s) through a symlink (to %s)"
+            % (path, ", ".join(self.roots), "/" + posixpath.normpath(absolute).lstrip("/"))
+        )
+
+    def _is_dir_inside(self, path: str) -> bool:
+        """Whether ``path`` (a symlink's) leads to a directory inside the roots."""
+        try:
+            with self.locate(path, follow=True) as place:
+                if not place.name:
+                    return True
+                mode = os.stat(place.name, dir_fd=place.fd, follow_symlinks=False).st_mode
+                return stat.S_ISDIR(mode)
+        except (OSError, FilesError):
+            return False
+
+    # --- operations -----------------------------------------------------------------
+    def open_read(self, path: str) -> Tuple[int, str]:
+        with self.locate(path, follow=True) as place:
+            if not place.name:
+                raise IsADirectoryError(errno.EISDIR, "%s is a directory" % place.shown)
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                fd = _open_entry(place.fd, place.name, flags)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:  # a link swapped in since the lookup
+                    raise PathRefused("%s changed while it was opened" % place.shown) from None
+                raise OSError(exc.errno, exc.strerror, place.shown) from None
+            target = place.shown
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             os.close(fd)
@@ -122,49 +284,45 @@ class Files:
 
     def open_write(self, path: str, append: bool) -> Tuple[int, int, str]:
         """(directory fd, file fd, path) for writing; never through a symlink."""
-        target = self.with_real_parent(path)
-        if target in self.roots:
-            raise IsADirectoryError(errno.EISDIR, "%s is a directory" % target)
-        parent, name = os.path.split(target)
-        os.makedirs(parent, exist_ok=True)
-        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        self.check_fd(dir_fd, parent)
+        if self.confined(path) in self.roots:
+            raise IsADirectoryError(errno.EISDIR, "%s is a directory" % self.confined(path))
+        place = self.locate(path, follow=False, create=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         flags |= os.O_APPEND if append else os.O_TRUNC
         try:
-            fd = os.open(name, flags, 0o666, dir_fd=dir_fd)
+            fd = _open_entry(place.fd, place.name, flags, 0o666)
         except OSError as exc:
-            os.close(dir_fd)
+            place.close()
             if exc.errno == errno.ELOOP:
                 raise PathRefused(
-                    "%s is a symlink; files.write does not write through symlinks" % target
+                    "%s is a symlink; files.write does not write through symlinks" % place.shown
                 ) from None
             if exc.errno == errno.ENXIO:
-                raise PathRefused("%s is not a regular file" % target) from None
-            raise OSError(exc.errno, exc.strerror, target) from None
+                raise PathRefused("%s is not a regular file" % place.shown) from None
+            raise OSError(exc.errno, exc.strerror, place.shown) from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            os.close(dir_fd)
-            raise PathRefused("%s is not a regular file" % target)
+            place.close()
+            raise PathRefused("%s is not a regular file" % place.shown)
         os.set_blocking(fd, True)
-        return dir_fd, fd, target
+        return place.fd, fd, place.shown
 
-    def entry(self, path: str) -> Dict[str, Any]:
-        info = os.lstat(path)
+    def entry(self, dir_fd: int, name: str, shown: str) -> Dict[str, Any]:
+        """What ``name`` in ``dir_fd`` is (the directory itself when ``name`` is empty),
+        without following it; it is shown as ``shown``."""
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False) if name else os.fstat(dir_fd)
         kind = "dir" if stat.S_ISDIR(info.st_mode) else "file"
-        target = os.readlink(path) if stat.S_ISLNK(info.st_mode) else None
-        # A link's type is what it points at, but only inside the workspace: outside,
-        # the files API does not even say whether something exists.
-        if (
-            target is not None
-            and _within(os.path.realpath(path), self.roots)
-            and os.path.isdir(path)
-        ):
-            kind = "dir"
+        target = None
+        if stat.S_ISLNK(info.st_mode):
+            target = os.readlink(name, dir_fd=dir_fd)
+            # A link's type is what it points at, but only inside the workspace: outside,
+            # the files API does not even say whether something exists.
+            if self._is_dir_inside(shown):
+                kind = "dir"
         return {
-            "name": os.path.basename(path) or path,
+            "name": posixpath.basename(shown) or shown,
             "type": kind,
-            "path": path,
+            "path": shown,
             "size": info.st_size,
             "mode": stat.S_IMODE(info.st_mode),
             "permissions": stat.filemode(info.st_mode),
@@ -179,7 +337,7 @@ class Files:
             if limit is not None and size + len(data) > limit:
                 # The host checks this too; an upload over the limit leaves no partial file.
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.basename(shown), dir_fd=dir_fd)
+                    os.unlink(posixpath.basename(shown), dir_fd=dir_fd)
                 raise InvalidArgument(
                     "%s: upload larger than the limit of %d bytes" % (shown, limit)
                 )
@@ -189,60 +347,253 @@ class Files:
         finally:
             os.close(fd)
             os.close(dir_fd)
-        return {"name": os.path.basename(shown), "type": "file", "path": shown}
+        return {"name": posixpath.basename(shown), "type": "file", "path": shown}
 
     def list(self, path: str, depth: int) -> List[Dict[str, Any]]:
-        root = self.real(path)
         depth = max(1, depth)
-        if not os.path.isdir(root):
-            if os.path.lexists(root):
-                raise FilesError("%s is not a directory" % root)
-            raise NotFound("%s does not exist" % root)
+        with self.locate(path, follow=True) as place:
+            top = _open_dir(place)
         entries: List[Dict[str, Any]] = []
 
-        def walk(directory: str, level: int) -> None:
-            for name in sorted(os.listdir(directory)):
-                full = os.path.join(directory, name)
+        def walk(dir_fd: int, directory: str, level: int) -> None:
+            for name in sorted(os.listdir(dir_fd)):
+                full = posixpath.join(directory, name)
                 try:
-                    item = self.entry(full)
+                    item = self.entry(dir_fd, name, full)
                 except OSError:
-                    continue
+                    continue  # gone meanwhile
                 entries.append(item)
-                if level < depth and item["type"] == "dir" and not os.path.islink(full):
-                    walk(full, level + 1)
+                if level < depth and item["type"] == "dir" and item["symlink_target"] is None:
+                    try:
+                        sub = _open_entry(dir_fd, name, DIR_FLAGS)
+                    except OSError:
+                        continue  # gone, or swapped for a link: not listed below
+                    try:
+                        walk(sub, full, level + 1)
+                    finally:
+                        os.close(sub)
 
-        walk(root, 1)
+        try:
+            walk(top, place.shown, 1)
+        finally:
+            os.close(top)
         return entries
 
     def stat(self, path: str) -> Dict[str, Any]:
-        return self.entry(self.with_real_parent(path))
+        with self.locate(path, follow=False) as place:
+            try:
+                return self.entry(place.fd, place.name, place.shown)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, place.shown) from None
 
     def remove(self, name: str) -> None:
-        path = self.with_real_parent(name)
-        if path in self.roots:
-            raise PathRefused("%s is a workspace root and cannot be removed" % path)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
+        if self.confined(name) in self.roots:
+            raise PathRefused("%s is a workspace root and cannot be removed" % self.confined(name))
+        with self.locate(name, follow=False) as place:
+            try:
+                info = os.stat(place.name, dir_fd=place.fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    _remove_tree(place.fd, place.name)
+                else:
+                    os.unlink(place.name, dir_fd=place.fd)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, place.shown) from None
 
     def make_dir(self, name: str) -> bool:
-        path = self.with_real_parent(name)
-        if os.path.isdir(path):
+        if self.confined(name) in self.roots:
             return False
-        os.makedirs(path)
-        return True
+        with self.locate(name, follow=False, create=True) as place:
+            try:
+                os.mkdir(place.name, 0o777, dir_fd=place.fd)
+                return True
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, place.shown) from None
+            info = os.stat(place.name, dir_fd=place.fd, follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                return False
+            if stat.S_ISLNK(info.st_mode):
+                # A link to a directory is one, if it stays inside (else PathRefused).
+                with self.locate(place.shown, follow=True) as target:
+                    if not target.name or stat.S_ISDIR(
+                        os.stat(target.name, dir_fd=target.fd, follow_symlinks=False).st_mode
+                    ):
+                        return False
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), place.shown)
 
     def rename(self, source: str, destination: str) -> Dict[str, Any]:
-        src = self.with_real_parent(source)
-        dst = self.with_real_parent(destination)
-        if src in self.roots or dst in self.roots:
+        if self.confined(source) in self.roots or self.confined(destination) in self.roots:
             raise PathRefused("a workspace root cannot be renamed or replaced")
-        parent = os.path.dirname(dst)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        os.rename(src, dst)
-        return self.entry(dst)
+        src = self.locate(source, follow=False)
+        with src, self.locate(destination, follow=False, create=True) as dst:
+            try:
+                os.rename(src.name, dst.name, src_dir_fd=src.fd, dst_dir_fd=dst.fd)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, src.shown) from None
+            return self.entry(dst.fd, dst.name, dst.shown)
+
+
+def _take(stack: List[Tuple[int, str]], name: str, shown: str, fd: int = -1) -> Place:
+    """The place ``name`` in the directory on top of ``stack`` (or the directory ``fd``
+    itself); every other descriptor of the walk is closed."""
+    if fd < 0:
+        fd = stack.pop()[0]
+    for other, _ in stack:
+        os.close(other)
+    del stack[:]
+    return Place(fd, name, shown)
+
+
+def _open_entry(dir_fd: int, name: str, flags: int, mode: int = 0o777) -> int:
+    """``name`` in ``dir_fd`` opened with ``flags`` (which have O_NOFOLLOW), checked to be
+    that entry itself: OSError(ELOOP) if the descriptor is anything else. Some kernels
+    follow a symlink despite O_NOFOLLOW when O_DIRECTORY is given too (gVisor's), so
+    the flag alone is not trusted: a link, or an entry swapped since, is refused."""
+    fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    try:
+        opened = os.fstat(fd)
+        entry = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        os.close(fd)
+        raise
+    if (opened.st_dev, opened.st_ino) != (entry.st_dev, entry.st_ino):
+        os.close(fd)
+        raise OSError(errno.ELOOP, "a symlink, or replaced while it was opened", name)
+    return fd
+
+
+def _read_link(dir_fd: int, name: str, shown: str, why: int) -> str:
+    """The target of the symlink ``name``, which an open refused with ``why`` (ENOTDIR
+    or ELOOP); NotADirectoryError if it is a file, PathRefused if it changed."""
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # EINVAL: not a link
+            raise OSError(exc.errno, exc.strerror, shown) from None
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, shown) from None
+    if why == errno.ENOTDIR and not stat.S_ISDIR(mode) and not stat.S_ISLNK(mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), shown)
+    # A directory again (or a link again): swapped while it was looked up.
+    raise PathRefused("%s changed while it was looked up" % shown)
+
+
+def _open_dir(place: Place) -> int:
+    """A descriptor of the directory at ``place``, for listing."""
+    if not place.name:
+        return os.dup(place.fd)
+    try:
+        return _open_entry(place.fd, place.name, DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise NotFound("%s does not exist" % place.shown) from None
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise OSError(exc.errno, exc.strerror, place.shown) from None
+    try:
+        mode = os.stat(place.name, dir_fd=place.fd, follow_symlinks=False).st_mode
+    except OSError:
+        mode = 0
+    if stat.S_ISLNK(mode) or stat.S_ISDIR(mode):  # a link swapped in since the lookup
+        raise PathRefused("%s changed while it was opened" % place.shown)
+    raise FilesError("%s is not a directory" % place.shown)
+
+
+def _remove_tree(parent_fd: int, name: str) -> None:
+    """Remove the directory ``name`` in ``parent_fd`` and everything in it, by
+    descriptor: a directory swapped for a link meanwhile is unlinked, not followed."""
+    try:
+        fd = _open_entry(parent_fd, name, DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        os.unlink(name, dir_fd=parent_fd)  # not a directory (any more)
+        return
+    try:
+        for child in os.listdir(fd):
+            try:
+                mode = os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(mode):
+                _remove_tree(fd, child)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
+# openat2(2), Linux 5.6: its number is 437 on every architecture listed here.
+_OPENAT2 = 437
+_OPENAT2_MACHINES = (
+    "x86_64",
+    "aarch64",
+    "arm64",
+    "armv7l",
+    "armv8l",
+    "i386",
+    "i686",
+    "ppc64le",
+    "riscv64",
+    "s390x",
+    "loongarch64",
+)
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [
+        ("flags", ctypes.c_uint64),
+        ("mode", ctypes.c_uint64),
+        ("resolve", ctypes.c_uint64),
+    ]
+
+
+class _Openat2:
+    """openat2 through libc's syscall(); off for good once the kernel (or a seccomp
+    filter) says it has none."""
+
+    def __init__(self) -> None:
+        self.syscall: Optional[Any] = None
+        if platform.machine() in _OPENAT2_MACHINES:
+            try:
+                self.syscall = ctypes.CDLL(None, use_errno=True).syscall
+                self.syscall.restype = ctypes.c_long
+            except (OSError, AttributeError):
+                self.syscall = None
+
+
+_openat2 = _Openat2()
+
+
+def _openat2_beneath(dir_fd: Optional[int], path: str) -> Optional[int]:
+    """``path``, a directory below ``dir_fd``, opened by openat2 with no symlink, magic
+    link or ``..`` out allowed anywhere in it; None if that fails for any reason."""
+    if _openat2.syscall is None or dir_fd is None:
+        return None
+    how = _OpenHow(DIR_FLAGS, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    fd = int(
+        _openat2.syscall(
+            ctypes.c_long(_OPENAT2),
+            ctypes.c_long(dir_fd),
+            ctypes.c_char_p(os.fsencode(path)),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+    )
+    if fd >= 0:
+        return fd
+    if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG):
+        # No openat2 here (an old kernel, a filter refusing it, flags it does not
+        # know): the walk alone from now on.
+        _openat2.syscall = None
+    return None
 
 
 def _within(path: str, roots: Tuple[str, ...]) -> bool:
