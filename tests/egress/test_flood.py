@@ -13,7 +13,8 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from flood_code import FLOOD, FLOOD_SECONDS, FORGED, INJECT
+from egress_helpers import Origin
+from flood_code import ASK, FLOOD, FLOOD_SECONDS, FORGED, INJECT
 
 from sandlot import NetworkEvent, NetworkPolicy, Sandbox
 from sandlot.backends.bwrap import BwrapBackend
@@ -25,6 +26,8 @@ BURST, RATE = 20, 1.0
 """EgressProxy's documented defaults: refusal records per sandbox before the rate limit,
 then records per second."""
 HOST_LIMIT, REASON_LIMIT = 255, 1024
+KEPT = 1000
+"""Records a lease keeps until they are collected (the rest are folded)."""
 ESCAPED = FORGED.lower().replace("\n", "\\n").replace("\t", "\\t").replace("\x1b", "\\x1b")
 """The forged name as the records show it (the proxy lower-cases host names)."""
 
@@ -98,3 +101,37 @@ def test_forged_names_are_escaped_in_records_and_log(
     for message in logged:
         assert printable(message), message
         assert ESCAPED in message
+
+
+def test_a_lease_keeps_a_bounded_number_of_uncollected_records(
+    proxy: EgressProxy, origin: Origin
+) -> None:
+    """Allowed connections are not rate-limited, but one cell cannot pile up more than
+    KEPT records on the host: the rest are folded into a summary with their count."""
+    network = NetworkPolicy(allow_out=(origin.entry,))
+    tunnels = KEPT + 50
+    code = (
+        ASK
+        + f"""
+def tunnel():
+    with socket.create_connection(("127.0.0.1", 3128), timeout=60) as s:
+        s.sendall(b"CONNECT {origin.entry} HTTP/1.1\\r\\n\\r\\n")
+        return s.recv(64).startswith(b"HTTP/1.1 200 ")
+print(json.dumps(sum(tunnel() for _ in range({tunnels}))))
+"""
+    )
+    with Sandbox(backend=BwrapBackend(egress=proxy), network=network, timeout=600) as sbx:
+        execution = sbx.run_code(code, timeout=120)
+        assert execution.error is None, execution.error
+        assert json.loads(execution.logs.stdout[-1]) == tunnels
+        events = execution.network or []
+        assert len(events) <= KEPT + 1, len(events)
+        counted = sum(event.count for event in events)
+        for _ in range(10):  # a tunnel the relay had not seen closed yet comes next time
+            if counted >= tunnels:
+                break
+            counted += sum(event.count for event in sbx.run_code("1").network or [])
+        assert counted == tunnels
+        assert all(event.verdict == "allowed" for event in events)
+        (summary,) = [event for event in events if event.count > 1]
+        assert summary.method == "SUMMARY" and "waiting to be collected" in summary.reason
