@@ -317,8 +317,9 @@ class EgressProxy:
     """The process-wide egress proxy (see the module docstring).
 
     :param resolver: how names are resolved on the host (default: the system's).
-    :param on_event: called (on the proxy's thread) with every finished
-        :class:`NetworkEvent`, for an audit trail; must not block.
+    :param on_event: called (on the proxy's thread) with every record, for an audit
+        trail: each finished connection's :class:`NetworkEvent`, or, for refusals over
+        the rate limit, the summary that counts them; must not block.
     :param connect_timeout: seconds to wait for a destination to accept.
     :param head_timeout: seconds a sandbox has to send its request head.
     :param ceiling: a policy every lease is held to as well as its own (an operator's
