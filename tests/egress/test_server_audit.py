@@ -100,6 +100,10 @@ def test_a_refusal_flood_leaves_bounded_rows_and_server_memory(server: ServerPro
     attempts = counts["connect"] + counts["socks5"]
     assert counts["other"] == 0, counts
     assert attempts > 4 * BURST, f"the flood was too slow to tell: {counts}"
+    # Remote mode gets the same bounded records, counts included.
+    network = execution.network or []
+    assert len(network) <= BURST + RATE * (counts["seconds"] + 5) + 4
+    assert sum(event.count for event in network) == attempts
     rows = rows_of(server, sandbox_id, attempts)
     growth = (status_kib(pid, "VmHWM") - rss_before) * 1024
     db_growth = database_bytes(server.state_dir) - db_before
