@@ -193,6 +193,11 @@ class NetworkEvent:
     """``CONNECT`` (a tunnel, e.g. TLS) or the method of a plain-HTTP request."""
     time: float = 0.0
     """Unix time when the request arrived."""
+    count: int = 1
+    """How many connections this record stands for: 1, or, for a summary (``method``
+    ``SUMMARY``: the rate limit on refusal records, or a full record list), how many it
+    folds together; its ``time`` is the first one's, ``host``, ``port`` and ``reason``
+    name the last one, and the byte counts are summed."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -206,6 +211,7 @@ class NetworkEvent:
             "bytes_out": self.bytes_out,
             "method": self.method,
             "time": self.time,
+            "count": self.count,
         }
 
 

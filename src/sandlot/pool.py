@@ -53,6 +53,7 @@ from typing import Any
 from sandlot._exceptions import InvalidArgumentError, SandboxClosed
 from sandlot.backends import Backend, SandboxHandle, get_backend
 from sandlot.policy import DATA_STACK, Resources, SandboxSpec
+from sandlot.safetext import escape
 
 log = logging.getLogger("sandlot.pool")
 
@@ -311,7 +312,7 @@ class Pool:
         try:
             handle = bucket.backend.start(bucket.spec)
         except Exception as exc:  # reported to callers by their own (miss) starts
-            log.warning("sandbox pool: a background start failed: %s", exc)
+            log.warning("sandbox pool: a background start failed: %s", escape(exc, 1024))
         with self._cond:
             bucket.starting -= 1
             if handle is None:

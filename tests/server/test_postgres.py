@@ -89,3 +89,14 @@ def test_audit_and_keys_on_postgresql_survive_a_crash(postgres_url: str, tmp_pat
             "select count(*) from executions where sandbox_id = %s", (sandbox_id,)
         ).fetchone()
         assert count is not None and count[0] == 2
+
+
+def test_audit_bounds_and_retention_on_postgresql(postgres_url: str) -> None:
+    from audit_store_checks import (
+        check_bounds_and_retention,
+        check_old_database_gets_the_count_column,
+    )
+
+    check_old_database_gets_the_count_column(postgres_url)
+    # The same database: the tables exist and hold rows; the checks use their own ids.
+    check_bounds_and_retention(postgres_url)

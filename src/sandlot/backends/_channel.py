@@ -37,6 +37,7 @@ from sandlot.protocol import (
 )
 from sandlot.protocol import decode as decode_message
 from sandlot.protocol import encode as encode_message
+from sandlot.safetext import escape
 
 log = logging.getLogger("sandlot.backend")
 
@@ -282,7 +283,7 @@ class ChannelHandle(SandboxHandle):
         except ProtocolViolation as exc:
             # The runner shares the sandbox with untrusted code: a malformed message
             # means the sandbox is compromised or broken. Kill it; trust nothing more.
-            log.warning("protocol violation from sandbox: %s", exc)
+            log.warning("protocol violation from sandbox: %s", escape(exc, 1024))
             self._die(f"the sandbox broke the protocol ({exc}) and was killed")
             self._process.kill()
         except (OSError, ValueError):

@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import click
 
+from sandlot.safetext import escape
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -102,6 +104,22 @@ def _settings(state_dir: Path | None, database: str | None, **changes: Any) -> A
     help="Resolve names for the egress proxy from this hosts-format file only "
     "('ADDRESS NAME...' lines); other names do not resolve. Default: the host's resolver.",
 )
+@click.option(
+    "--audit-max-age",
+    type=click.FloatRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="DAYS",
+    help="Delete audit rows (cells, egress records) older than this; 0 (the default) keeps "
+    "them until the row cap.",
+)
+@click.option(
+    "--audit-max-rows",
+    type=click.IntRange(min=0),
+    default=1_000_000,
+    show_default=True,
+    help="Rows each audit table keeps at most, oldest deleted first; 0: no cap.",
+)
 def serve(
     host: str,
     port: int,
@@ -121,6 +139,8 @@ def serve(
     egress_max_bytes_out: int | None,
     egress_max_connections: int | None,
     egress_hosts: Path | None,
+    audit_max_age: float,
+    audit_max_rows: int,
 ) -> None:
     """Serve the sandbox API over HTTP (127.0.0.1 unless --host says otherwise)."""
     from sandlot import NetworkPolicy, PolicyError
@@ -165,13 +185,12 @@ def serve(
         backend=backend,
         egress=ceiling,
         egress_hosts=None if egress_hosts is None else _read_hosts(egress_hosts),
+        audit_max_age=audit_max_age * 86400 if audit_max_age else None,
+        audit_max_rows=audit_max_rows or None,
     )
-    logging.basicConfig(
-        level=logging.INFO,
-        format='{"time": "%(asctime)s", "level": "%(levelname)s", '
-        '"logger": "%(name)s", "message": %(message_json)s}',
-    )
-    _structured_logs()
+    logging.basicConfig(level=logging.INFO)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_JsonLines())
     click.echo(f"sandlot server on http://{host}:{port} (state: {settings.state_dir})", err=True)
     run_server(settings, host=host, port=port)
 
@@ -196,16 +215,22 @@ def _read_hosts(path: Path) -> dict[str, list[str]]:
     return table
 
 
-def _structured_logs() -> None:
-    """One JSON object per log line; the message is JSON-escaped."""
-    old = logging.getLogRecordFactory()
+class _JsonLines(logging.Formatter):
+    """One JSON object per log record, traceback included: whatever a message quotes
+    (sandbox-chosen text too) cannot start another line."""
 
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = old(*args, **kwargs)
-        record.message_json = json.dumps(record.getMessage())
-        return record
-
-    logging.setLogRecordFactory(factory)
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry)
 
 
 @click.group()
@@ -342,12 +367,16 @@ def audit(
                 limit=limit,
             ):
                 if as_json:
-                    click.echo(json.dumps(row, sort_keys=True))
+                    click.echo(json.dumps(row, sort_keys=True))  # JSON escapes controls
                     continue
+                # Hosts, methods and reasons are the sandbox's words: one escaped line each
+                # (rows written before they were escaped on the way in, too).
+                shown = {name: escape(value or "-") for name, value in row.items()}
+                count = f" x{row['count']}" if row.get("count", 1) != 1 else ""
                 click.echo(
-                    f"{_when(row['time'])}  {row['tenant'] or '-':12} {row['sandbox_id']}  "
-                    f"{row['verdict']:8} {row['method'] or '-':7} {row['host']}:{row['port']} "
-                    f"in={row['bytes_in']} out={row['bytes_out']}  {row['reason']}"
+                    f"{_when(row['time'])}  {shown['tenant']:12} {shown['sandbox_id']}  "
+                    f"{shown['verdict']:8} {shown['method']:7} {shown['host']}:{row['port']} "
+                    f"in={row['bytes_in']} out={row['bytes_out']}{count}  {shown['reason']}"
                 )
         finally:
             store.close()
@@ -366,9 +395,9 @@ def audit(
                 continue
             duration = f"{row['duration']:.3f}s" if row["duration"] is not None else "-"
             click.echo(
-                f"{_when(row['started_at'])}  {row['tenant']:12} {row['sandbox_id']}  "
-                f"{row['outcome']:8} {duration:>9}  {row['code_bytes']}B "
-                f"sha256:{row['code_sha256'][:12]}"
+                f"{_when(row['started_at'])}  {escape(row['tenant']):12} "
+                f"{escape(row['sandbox_id'])}  {escape(row['outcome']):8} {duration:>9}  "
+                f"{row['code_bytes']}B sha256:{row['code_sha256'][:12]}"
             )
     finally:
         store.close()

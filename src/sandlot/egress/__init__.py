@@ -14,7 +14,9 @@ the decisions are pure functions in :mod:`._decide`; the proxy and its per-sandb
 leases are in :mod:`._proxy`. One proxy per process serves every sandbox
 (:func:`default_proxy`); pass your own to the backend
 (``BwrapBackend(egress=EgressProxy(resolver=...))``) to change how names resolve or
-to receive every record (``on_event``) for an audit trail.
+to receive every record (``on_event``) for an audit trail. Records are escaped, capped
+and, for refusals, rate-limited per sandbox into :class:`Summary` records that keep the
+count (see :mod:`._proxy`).
 """
 
 from __future__ import annotations
@@ -30,20 +32,24 @@ from sandlot.egress._decide import (
     check_within,
 )
 from sandlot.egress._proxy import (
+    SUMMARY,
     EgressLease,
     EgressProxy,
     Resolver,
     StaticResolver,
+    Summary,
     SystemResolver,
 )
 
 __all__ = [
     "METADATA",
     "RESERVED",
+    "SUMMARY",
     "EgressLease",
     "EgressProxy",
     "Resolver",
     "StaticResolver",
+    "Summary",
     "SystemResolver",
     "Verdict",
     "check_address",

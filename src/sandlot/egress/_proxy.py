@@ -22,6 +22,20 @@ are reply ``0x02`` (not allowed by ruleset), failures ``0x04`` / ``0x05``, and t
 is in the record. Every connection becomes one
 :class:`sandlot.NetworkEvent` when it ends, kept on the lease until the SDK collects it
 and passed to ``on_event`` and the ``sandlot.egress`` logger (the audit trail).
+
+Records are bounded, because a sandbox chooses what is in them and how many there are:
+
+* every string the sandbox chose (host, method, and the reasons that quote them) is
+  escaped and capped (:func:`sandlot.safetext.escape`, :data:`HOST_LIMIT`,
+  :data:`REASON_LIMIT`, :data:`METHOD_LIMIT`), so a record is one printable line of
+  bounded size;
+* refusal records (``refused`` and ``failed``) are rate-limited per sandbox (a burst,
+  then a steady rate); the ones over the limit are folded into one summary record per
+  verdict (``method`` :data:`SUMMARY`, ``count`` = how many), reported when the limit
+  allows another record, when the SDK collects the records and when the lease closes,
+  so the count of every connection is kept;
+* a lease keeps at most :data:`KEPT_EVENTS` records until they are collected; more are
+  folded into summaries the same way (``on_event`` and the log still get each one).
 """
 
 from __future__ import annotations
@@ -53,12 +67,28 @@ from sandlot.egress._decide import (
     parse_host,
 )
 from sandlot.policy import NetworkPolicy
+from sandlot.safetext import escape
 
 log = logging.getLogger("sandlot.egress")
 
 HEAD_LIMIT = 64 * 1024
 """Largest request head (request line + headers) the proxy reads."""
 CHUNK = 64 * 1024
+HOST_LIMIT = 255
+"""Longest host name a record keeps (escaped; DNS names are at most 253 characters)."""
+REASON_LIMIT = 1024
+"""Longest reason a record keeps (escaped)."""
+METHOD_LIMIT = 32
+"""Longest method a record keeps (escaped)."""
+KEPT_EVENTS = 1000
+"""Records a lease keeps until :meth:`EgressLease.events` takes them; the rest are
+folded into summaries (per verdict)."""
+REFUSAL_BURST = 20
+"""Refusal records (``refused``, ``failed``) a sandbox gets before the rate limit."""
+REFUSAL_RATE = 1.0
+"""Refusal records per second a sandbox gets after its burst."""
+SUMMARY = "SUMMARY"
+"""``NetworkEvent.method`` of a record that stands for ``count`` connections."""
 _HOP_HEADERS = frozenset(
     {"connection", "proxy-connection", "proxy-authorization", "keep-alive", "host", "te"}
 )
@@ -135,6 +165,74 @@ class _Connection:
     bytes_out: int = 0
 
 
+@dataclass
+class Summary:
+    """Records of one sandbox and verdict folded into one (``method`` :data:`SUMMARY`).
+
+    ``why`` says why they were folded; :meth:`add` takes records (summaries too, their
+    ``count`` is added) and :meth:`event` is the summary record: ``count`` and the byte
+    counts summed, ``time`` the first one's, ``host``, ``port`` and the quoted reason the
+    last one's. Holds nothing else, so folding costs the same however many there are.
+    """
+
+    why: str
+    count: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    first: float = 0.0
+    last: NetworkEvent | None = None
+
+    def add(self, event: NetworkEvent) -> None:
+        if self.last is None:
+            self.first = event.time
+        self.count += event.count
+        self.bytes_in += event.bytes_in
+        self.bytes_out += event.bytes_out
+        self.last = event
+
+    def event(self) -> NetworkEvent:
+        last = self.last
+        if last is None:
+            raise ValueError("an empty summary has no record")
+        reason = (
+            f"{self.count} {last.verdict} connections in one record ({self.why}); "
+            f"the last to {last.host}:{last.port}: {last.reason}"
+        )
+        return NetworkEvent(
+            sandbox=last.sandbox,
+            host=last.host,
+            port=last.port,
+            verdict=last.verdict,
+            reason=escape(reason, REASON_LIMIT),
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+            method=SUMMARY,
+            time=self.first,
+            count=self.count,
+        )
+
+
+@dataclass
+class _Bucket:
+    """A token bucket: ``burst`` at once, then ``rate`` per second."""
+
+    burst: int
+    rate: float
+    tokens: float = -1.0
+    stamp: float = 0.0
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        if self.tokens < 0:
+            self.tokens, self.stamp = float(self.burst), now
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
 @dataclass(eq=False)
 class EgressLease:
     """One sandbox's door through the proxy: its socket, policy, counters and records.
@@ -155,6 +253,11 @@ class EgressLease:
     """Connections open now (counted against ``max_connections``)."""
     _handling: int = 0
     _events: list[NetworkEvent] = field(default_factory=list)
+    _overflow: dict[str, Summary] = field(default_factory=dict)
+    """Records beyond KEPT_EVENTS, by verdict, until taken (under _cond)."""
+    _held: dict[str, Summary] = field(default_factory=dict)
+    """Refusal records over the rate limit, by verdict, until reported (loop only)."""
+    _bucket: _Bucket = field(default_factory=lambda: _Bucket(REFUSAL_BURST, REFUSAL_RATE))
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _server: asyncio.Server | None = None
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
@@ -167,11 +270,16 @@ class EgressLease:
         ``settle``: wait up to this many seconds for connections still open to end
         first (a cell that just read a response has usually closed its socket, but the
         relay may not have seen it yet). Connections open longer are reported by a
-        later call, when they end."""
+        later call, when they end. Refusals held back by the rate limit are reported
+        now, as summaries, so the records taken account for every connection that
+        ended."""
         with self._cond:
             self._cond.wait_for(lambda: self._handling == 0, timeout=settle)
+        self.proxy._report_held(self)
+        with self._cond:
             taken, self._events = self._events, []
-        return taken
+            overflow, self._overflow = self._overflow, {}
+        return taken + [summary.event() for summary in overflow.values()]
 
     def close(self) -> None:
         """Stop listening, cut this sandbox's connections, remove its socket."""
@@ -182,10 +290,18 @@ class EgressLease:
         with self._cond:
             self._handling += 1
 
-    def _end(self, event: NetworkEvent) -> None:
+    def _end(self, events: list[NetworkEvent], *, handled: bool = True) -> None:
+        """Keep ``events`` (folding those beyond KEPT_EVENTS); ``handled``: one
+        connection's handling is over."""
         with self._cond:
-            self._events.append(event)
-            self._handling -= 1
+            for event in events:
+                if len(self._events) < KEPT_EVENTS:
+                    self._events.append(event)
+                    continue
+                why = f"more than {KEPT_EVENTS} records were waiting to be collected"
+                self._overflow.setdefault(event.verdict, Summary(why)).add(event)
+            if handled:
+                self._handling -= 1
             self._cond.notify_all()
 
     def room(self, direction: str) -> int | None:
@@ -201,14 +317,18 @@ class EgressProxy:
     """The process-wide egress proxy (see the module docstring).
 
     :param resolver: how names are resolved on the host (default: the system's).
-    :param on_event: called (on the proxy's thread) with every finished
-        :class:`NetworkEvent`, for an audit trail; must not block.
+    :param on_event: called (on the proxy's thread) with every record, for an audit
+        trail: each finished connection's :class:`NetworkEvent`, or, for refusals over
+        the rate limit, the summary that counts them; must not block.
     :param connect_timeout: seconds to wait for a destination to accept.
     :param head_timeout: seconds a sandbox has to send its request head.
     :param ceiling: a policy every lease is held to as well as its own (an operator's
         limit on what sandboxes may be allowed, e.g. on a server): a connection must
         pass both. Its caps are not applied here; see
         :func:`sandlot.egress.check_within` to refuse a policy that asks for more.
+    :param refusal_burst: refusal records (``refused``, ``failed``) each sandbox gets
+        before the rate limit; the ones over it are folded into summary records.
+    :param refusal_rate: refusal records per second each sandbox gets after its burst.
     """
 
     def __init__(
@@ -219,7 +339,13 @@ class EgressProxy:
         connect_timeout: float = 10.0,
         head_timeout: float = 30.0,
         ceiling: NetworkPolicy | None = None,
+        refusal_burst: int = REFUSAL_BURST,
+        refusal_rate: float = REFUSAL_RATE,
     ) -> None:
+        if refusal_burst < 1 or not refusal_rate > 0:
+            raise ValueError("refusal_burst must be at least 1 and refusal_rate above 0")
+        self.refusal_burst = refusal_burst
+        self.refusal_rate = refusal_rate
         self.resolver: Resolver = resolver or SystemResolver()
         self.ceiling = ceiling
         self.on_event = on_event
@@ -240,6 +366,7 @@ class EgressProxy:
         loop, directory = self._ensure_started()
         path = os.path.join(directory, f"{secrets.token_hex(8)}.sock")
         lease = EgressLease(self, sandbox, policy, path)
+        lease._bucket = _Bucket(self.refusal_burst, self.refusal_rate)
         self._call(loop, self._listen(lease))
         try:
             if owner is not None:
@@ -324,6 +451,21 @@ class EgressProxy:
             for task in stuck:
                 task.cancel()
             await asyncio.gather(*stuck, return_exceptions=True)
+        self._emit(lease, [summary.event() for summary in _drain(lease._held)], handled=False)
+
+    def _report_held(self, lease: EgressLease) -> None:
+        """Report the refusals the rate limit holds back, as summaries (any thread)."""
+        with self._lock:
+            loop = self._loop
+
+        async def report() -> None:
+            held = [summary.event() for summary in _drain(lease._held)]
+            if held:
+                self._emit(lease, held, handled=False)
+
+        if loop is not None and loop.is_running():
+            with contextlib.suppress(Exception):
+                self._call(loop, report())
 
     async def _handle(
         self, lease: EgressLease, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -409,7 +551,9 @@ class EgressProxy:
         """Decide, resolve and connect to the one address that was checked."""
         target = parse_host(conn.host)
         if target is None:
-            raise _Refused(403, "refused", f"{conn.host!r} is not a valid host name or address")
+            raise _Refused(
+                403, "refused", f"'{_shown(conn.host)}' is not a valid host name or address"
+            )
         verdict = self._check(check_destination, lease.policy, target, conn.port)
         if not verdict.allowed:
             raise _Refused(403, "refused", verdict.reason)
@@ -493,35 +637,73 @@ class EgressProxy:
                 conn.reason = str(result)
 
     def _record(self, lease: EgressLease, conn: _Connection) -> None:
+        """The connection's record, escaped and capped, through the rate limit."""
         event = NetworkEvent(
             sandbox=lease.sandbox,
-            host=conn.host,
+            host=escape(conn.host, HOST_LIMIT),
             port=conn.port,
             verdict=conn.verdict,
-            reason=conn.reason,
+            reason=escape(conn.reason, REASON_LIMIT),
             address=conn.address,
             bytes_in=conn.bytes_in,
             bytes_out=conn.bytes_out,
-            method=conn.method,
+            method=escape(conn.method, METHOD_LIMIT),
             time=conn.time,
         )
-        log.info(
-            "egress %s %s %s:%s (%s) in=%d out=%d: %s",
-            event.sandbox,
-            event.verdict,
-            event.host,
-            event.port,
-            event.address or "-",
-            event.bytes_in,
-            event.bytes_out,
-            event.reason,
-        )
-        lease._end(event)
+        emit: list[NetworkEvent] = []
+        if event.verdict == "allowed":
+            emit.append(event)
+        else:
+            # Held-back refusals first, when the limit allows: the summary comes
+            # before the record that follows it.
+            for verdict in list(lease._held):
+                if not lease._bucket.take():
+                    break
+                emit.append(lease._held.pop(verdict).event())
+            if not lease._held and lease._bucket.take():
+                emit.append(event)
+            else:
+                why = (
+                    f"rate limit on refusal records: {self.refusal_burst}, "
+                    f"then {self.refusal_rate:g} per second"
+                )
+                lease._held.setdefault(event.verdict, Summary(why)).add(event)
+        self._emit(lease, emit)
+
+    def _emit(self, lease: EgressLease, events: list[NetworkEvent], handled: bool = True) -> None:
+        """Log ``events``, keep them on the lease and pass them to ``on_event``."""
+        for event in events:
+            log.info(
+                "egress %s %s %s %s:%s (%s) in=%d out=%d x%d: %s",
+                event.sandbox,
+                event.verdict,
+                event.method or "-",
+                event.host,
+                event.port,
+                event.address or "-",
+                event.bytes_in,
+                event.bytes_out,
+                event.count,
+                event.reason,
+            )
+        lease._end(events, handled=handled)
         if self.on_event is not None:
-            try:
-                self.on_event(event)
-            except Exception:
-                log.exception("egress on_event callback failed")
+            for event in events:
+                try:
+                    self.on_event(event)
+                except Exception:
+                    log.exception("egress on_event callback failed")
+
+
+def _drain(held: dict[str, Summary]) -> list[Summary]:
+    taken = list(held.values())
+    held.clear()
+    return taken
+
+
+def _shown(text: str) -> str:
+    """A sandbox-chosen host or target as a reason quotes it: escaped and capped."""
+    return escape(text, HOST_LIMIT)
 
 
 async def _pump(
@@ -637,7 +819,7 @@ def _parse_head(head: bytes) -> tuple[str, str, int, bytes | None]:
     if method == "CONNECT":
         host, sep, port = target.rpartition(":")
         if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
-            raise _Refused(400, "refused", f"CONNECT needs host:port, not {target!r}")
+            raise _Refused(400, "refused", f"CONNECT needs host:port, not '{_shown(target)}'")
         return method, host.strip("[]").lower(), int(port), None
     url = urllib.parse.urlsplit(target)
     if url.scheme != "http" or not url.hostname:
@@ -649,7 +831,7 @@ def _parse_head(head: bytes) -> tuple[str, str, int, bytes | None]:
     try:
         url_port = url.port or 80
     except ValueError:
-        raise _Refused(400, "refused", f"bad port in {target!r}") from None
+        raise _Refused(400, "refused", f"bad port in '{_shown(target)}'") from None
     host = url.hostname.lower()
     path = url.path or "/"
     if url.query:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sandlot
+from sandlot.safetext import escape
 from sandlot.server._e2b import e2b_routers
 from sandlot.server._manager import ApiError, SandboxManager
 from sandlot.server._metrics import Metrics
@@ -66,7 +68,8 @@ def install_error_handlers(app: FastAPI) -> None:
                 return _error(404, "SandboxNotFound", f"sandbox {sandbox_id!r} was killed")
         status = next((code for cls, code in _STATUS if isinstance(exc, cls)), 500)
         if status == 500:
-            log.error("unexpected %s: %s", type(exc).__name__, exc)
+            # The message may quote what a sandbox sent: escaped, one line, capped.
+            log.error("unexpected %s: %s", type(exc).__name__, escape(exc, 1024))
         return _error(status, type(exc).__name__, str(exc))
 
     @app.exception_handler(RequestValidationError)
@@ -152,11 +155,16 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
     (e.g. only to print the OpenAPI document), cleans up after a crash now; the reaper
     runs while the app's lifespan does."""
     settings = settings or ServerSettings()
-    store = Store(settings.resolved_database_url)
+    store = Store(
+        settings.resolved_database_url,
+        audit_max_age=settings.audit_max_age,
+        audit_max_rows=settings.audit_max_rows,
+    )
     metrics = Metrics()
     manager = SandboxManager(settings, store)
     if recover:
         manager.recover()
+        _prune(store)
     manager.on_change.append(metrics.sandboxes_live.set)
 
     def count_end(reason: str) -> None:
@@ -217,8 +225,12 @@ _ENDED = {"killed": "killed", "idle": "reaped", "expired": "reaped"}
 
 
 async def _reap_forever(state: ServerState) -> None:
+    pruned = time.monotonic()
     while True:
         await asyncio.sleep(state.settings.reap_interval)
+        if time.monotonic() - pruned >= state.settings.audit_prune_interval:
+            pruned = time.monotonic()
+            await state.blocking(_prune, state.store)
         try:
             reaped = await state.blocking(state.manager.reap)
         except Exception:
@@ -226,3 +238,14 @@ async def _reap_forever(state: ServerState) -> None:
             continue
         if reaped:
             log.info("reaped %d sandbox(es)", len(reaped))
+
+
+def _prune(store: Store) -> None:
+    """Apply the audit trail's retention (age and row caps); log what it deleted."""
+    try:
+        deleted = store.prune()
+    except Exception:
+        log.exception("could not apply the audit retention")
+        return
+    if any(deleted.values()):
+        log.info("audit retention: deleted %s", deleted)

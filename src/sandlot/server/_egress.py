@@ -11,7 +11,12 @@ holds every connection to the ceiling as well (so the up-front check is not the 
 line). With the default, empty ceiling no tenant can enable network access.
 
 Every connection the proxy finishes is written to the ``network_events`` table of the
-audit trail by one writer thread (the proxy's callback must not block on a database).
+audit trail by one writer thread (the proxy's callback must not block on a database),
+in batches, through a bounded queue: when the writer falls behind by
+:data:`AUDIT_QUEUE` records, further ones are folded into one summary row per sandbox
+and verdict (their count kept) until it catches up. The proxy has already escaped,
+capped and rate-limited what a sandbox can put in a record (see
+:mod:`sandlot.egress`), so neither the queue nor the table can be flooded.
 """
 
 from __future__ import annotations
@@ -24,13 +29,17 @@ from dataclasses import replace
 from typing import Any
 
 from sandlot import NetworkEvent, NetworkPolicy, PolicyError
-from sandlot.egress import EgressProxy, StaticResolver, check_within
+from sandlot.egress import EgressProxy, StaticResolver, Summary, check_within
 from sandlot.server._settings import ServerSettings
 from sandlot.server._store import Store
 
 log = logging.getLogger("sandlot.server")
 
 CAPS = ("max_bytes_out", "max_bytes_in", "max_connections")
+AUDIT_QUEUE = 10_000
+"""Egress records waiting for the audit writer, at most (a few MiB: records are capped)."""
+AUDIT_BATCH = 500
+"""Records the writer puts in one transaction."""
 _DEFAULT = NetworkPolicy()
 
 
@@ -44,7 +53,10 @@ class ServerEgress:
         self.proxy = EgressProxy(
             resolver=resolver, on_event=self._queue_event, ceiling=self.ceiling
         )
-        self._queue: queue.SimpleQueue[NetworkEvent | None] = queue.SimpleQueue()
+        self._queue: queue.Queue[NetworkEvent | None] = queue.Queue(maxsize=AUDIT_QUEUE)
+        self._behind: dict[tuple[str, str], Summary] = {}
+        """Records that found the queue full, folded per (sandbox, verdict)."""
+        self._behind_lock = threading.Lock()
         self._writer = threading.Thread(
             target=self._write_forever, name="sandlot-egress-audit", daemon=True
         )
@@ -101,17 +113,34 @@ class ServerEgress:
         self._writer.join(timeout=30)
 
     def _queue_event(self, event: NetworkEvent) -> None:
-        self._queue.put(event)
+        """The proxy's callback, on its loop: never blocks."""
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            why = f"the audit writer was {AUDIT_QUEUE} records behind"
+            with self._behind_lock:
+                self._behind.setdefault((event.sandbox, event.verdict), Summary(why)).add(event)
 
     def _write_forever(self) -> None:
-        while True:
-            event = self._queue.get()
-            if event is None:
-                return
+        done = False
+        while not done:
+            batch = [self._queue.get()]
+            while len(batch) < AUDIT_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            done = None in batch
+            events = [event for event in batch if event is not None]
+            # Records fold into _behind only while the queue is full, so the writer is
+            # always woken again after them and writes their summary here.
+            with self._behind_lock:
+                behind, self._behind = self._behind, {}
+            events += [summary.event() for summary in behind.values()]
             try:
-                self.store.network_event(event.to_dict())
+                self.store.network_events([event.to_dict() for event in events])
             except Exception:
-                log.exception("could not write an egress record of sandbox %s", event.sandbox)
+                log.exception("could not write %d egress records", len(events))
 
 
 def policy_dict(policy: NetworkPolicy) -> dict[str, Any] | None:

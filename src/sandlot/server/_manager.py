@@ -28,6 +28,7 @@ from sandlot.backends import (
     get_backend,
     reap,
 )
+from sandlot.safetext import escape
 from sandlot.server._egress import ServerEgress, policy_dict
 from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._store import Principal, Store
@@ -376,7 +377,7 @@ class SandboxManager:
         try:
             cell.entry.sandbox.interrupt(cell.context)
         except SandlotError as exc:
-            log.warning("could not interrupt cell %s: %s", cell.execution_id, exc)
+            log.warning("could not interrupt cell %s: %s", cell.execution_id, escape(exc, 1024))
 
     # --- lifecycle ----------------------------------------------------------------------
     def reap(self) -> list[str]:

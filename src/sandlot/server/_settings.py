@@ -79,6 +79,23 @@ class ServerSettings:
     other names do not resolve). None: the host's resolver. For air-gapped hosts,
     pinned addresses, and tests that must never look up an outside name."""
 
+    audit_max_age: float | None = None
+    """Seconds the audit trail keeps a row (cells by start, egress records by time);
+    None (the default): until the row cap. ``sandlot serve --audit-max-age DAYS``. Off by
+    default so that an upgrade never deletes records an operator meant to keep."""
+    audit_max_rows: int | None = 1_000_000
+    """Rows each audit table (cells, egress records) keeps at most, oldest deleted
+    first; None: no cap. ``sandlot serve --audit-max-rows``."""
+    audit_prune_interval: float = 60.0
+    """Seconds between two applications of the retention (also applied at start; the
+    egress row cap is also applied on every write)."""
+
+    def __post_init__(self) -> None:
+        if self.audit_max_age is not None and not self.audit_max_age > 0:
+            raise InvalidArgumentError("audit_max_age must be positive (None: keep forever)")
+        if self.audit_max_rows is not None and self.audit_max_rows < 1:
+            raise InvalidArgumentError("audit_max_rows must be positive (None: no cap)")
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:

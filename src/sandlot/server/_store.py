@@ -5,6 +5,11 @@ with ``synchronous=FULL``: a row is on disk when its write returns, so it surviv
 crash of the server) and on PostgreSQL (``postgresql+psycopg://...``; install a
 driver). Every method is synchronous and thread-safe; the server calls them from
 worker threads.
+
+The audit trail is bounded: every string a sandbox chose (egress hosts, methods,
+reasons, exception names) is stored escaped and capped (:func:`sandlot.safetext.escape`),
+and a store given a retention (``audit_max_age``, ``audit_max_rows``) deletes older
+rows: egress rows as they are written, both tables in :meth:`Store.prune`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import hmac
 import json
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from sandlot import InvalidArgumentError
+from sandlot.safetext import escape
 
 KEY_PREFIX = "sl"
 _metadata = sa.MetaData()
@@ -125,9 +131,16 @@ network_events = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("bytes_in", sa.BigInteger, nullable=False),
     sa.Column("bytes_out", sa.BigInteger, nullable=False),
+    sa.Column("count", sa.Integer, nullable=False, server_default="1"),
 )
 """One row per connection a sandbox asked the egress proxy for (allowed, refused or
-failed), written when it ends. ``tenant`` is the sandbox's owner at that time."""
+failed), written when it ends. ``tenant`` is the sandbox's owner at that time. A
+summary row (``method`` SUMMARY) stands for ``count`` connections (the proxy's rate
+limit on refusal records, or a full queue). ``count`` was added later: a database
+made before it gets the column (default 1) when a store opens it."""
+
+TEXT_LIMIT = 1024
+"""Longest sandbox-chosen text kept in a column without a width of its own (reasons)."""
 
 OUTCOMES = ("running", "ok", "error", "timeout", "oom", "killed")
 """``running`` until the cell ends; ``killed`` covers interrupts, disconnects, a lost
@@ -168,14 +181,53 @@ def _hash_secret(secret: str) -> str:
 class Store:
     """One database connection pool and the queries the server needs."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        audit_max_age: float | None = None,
+        audit_max_rows: int | None = None,
+    ) -> None:
+        """``audit_max_age``: seconds the audit trail keeps a row (None: forever);
+        ``audit_max_rows``: rows each audit table keeps at most (None: no cap). Both
+        are enforced by :meth:`prune`, and the row cap of ``network_events`` also on
+        every write, so a flood of records cannot outgrow it between prunes. Cells
+        still running are never deleted."""
+        if audit_max_age is not None and not audit_max_age > 0:
+            raise InvalidArgumentError("audit_max_age must be a positive number of seconds")
+        if audit_max_rows is not None and audit_max_rows < 1:
+            raise InvalidArgumentError("audit_max_rows must be a positive number of rows")
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.url = url
+        self.audit_max_age = audit_max_age
+        self.audit_max_rows = audit_max_rows
         self.engine: Engine = sa.create_engine(url, future=True)
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
         _metadata.create_all(self.engine)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """Columns added to a table after databases were made with it (no migration
+        tool: each is nullable or has a default, and is added in place)."""
+        present = {
+            column["name"] for column in sa.inspect(self.engine).get_columns("network_events")
+        }
+        if "count" in present:
+            return
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        'ALTER TABLE network_events ADD COLUMN "count" INTEGER NOT NULL DEFAULT 1'
+                    )
+                )
+        except sa.exc.DBAPIError:
+            # Another process (the server, `sandlot audit`) added it at the same time.
+            present = {c["name"] for c in sa.inspect(self.engine).get_columns("network_events")}
+            if "count" not in present:
+                raise
 
     def close(self) -> None:
         self.engine.dispose()
@@ -364,6 +416,9 @@ class Store:
 
     def execution_finished(self, execution_id: str, values: Mapping[str, Any]) -> None:
         row = dict(values)
+        if row.get("error_name") is not None:
+            # The sandbox names its exceptions: any text, any length.
+            row["error_name"] = escape(row["error_name"], 256)
         for name in ("precheck", "usage"):
             if name in row:
                 row[name] = _as_json(row[name])
@@ -418,28 +473,66 @@ class Store:
 
     # --- network audit ------------------------------------------------------------------
     def network_event(self, event: Mapping[str, Any]) -> None:
-        """Record one finished egress connection (``NetworkEvent.to_dict()``); the
-        tenant is taken from the sandbox's row."""
-        sandbox_id = str(event["sandbox"])
+        """Record one finished egress connection (``NetworkEvent.to_dict()``)."""
+        self.network_events([event])
+
+    def network_events(self, events: Sequence[Mapping[str, Any]]) -> None:
+        """Record finished egress connections (``NetworkEvent.to_dict()`` each) in one
+        transaction; each row's tenant is taken from its sandbox's row. Text the sandbox
+        chose is escaped and capped to its column; then ``audit_max_rows`` is applied."""
+        if not events:
+            return
         with self.engine.begin() as conn:
-            tenant = conn.execute(
-                sa.select(sandboxes.c.tenant).where(sandboxes.c.sandbox_id == sandbox_id)
-            ).scalar()
-            conn.execute(
-                network_events.insert().values(
-                    time=float(event["time"]),
-                    tenant=tenant,
-                    sandbox_id=sandbox_id,
-                    method=str(event["method"])[:32],
-                    host=str(event["host"])[:255],
-                    port=int(event["port"]),
-                    address=event["address"],
-                    verdict=str(event["verdict"]),
-                    reason=str(event["reason"]),
-                    bytes_in=int(event["bytes_in"]),
-                    bytes_out=int(event["bytes_out"]),
+            owners: dict[str, str | None] = {}
+            for sandbox_id in {str(event["sandbox"]) for event in events}:
+                owners[sandbox_id] = conn.execute(
+                    sa.select(sandboxes.c.tenant).where(sandboxes.c.sandbox_id == sandbox_id)
+                ).scalar()
+            rows = [
+                {
+                    "time": float(event["time"]),
+                    "tenant": owners[str(event["sandbox"])],
+                    "sandbox_id": str(event["sandbox"]),
+                    "method": escape(event["method"], 32),
+                    "host": escape(event["host"], 255),
+                    "port": int(event["port"]),
+                    "address": None if event["address"] is None else escape(event["address"], 64),
+                    "verdict": escape(event["verdict"], 32)[:16],
+                    "reason": escape(event["reason"], TEXT_LIMIT),
+                    "bytes_in": int(event["bytes_in"]),
+                    "bytes_out": int(event["bytes_out"]),
+                    "count": int(event.get("count", 1)),
+                }
+                for event in events
+            ]
+            conn.execute(network_events.insert(), rows)
+            if self.audit_max_rows is not None:
+                _keep_newest(conn, network_events, self.audit_max_rows)
+
+    def prune(self, now: float | None = None) -> dict[str, int]:
+        """Apply the retention: delete audit rows older than ``audit_max_age`` and the
+        oldest beyond ``audit_max_rows`` in each table (never a running cell). Returns
+        the rows deleted per table."""
+        now = time.time() if now is None else now
+        deleted = {"executions": 0, "network_events": 0}
+        finished = executions.c.outcome != "running"
+        with self.engine.begin() as conn:
+            if self.audit_max_age is not None:
+                cutoff = now - self.audit_max_age
+                deleted["network_events"] += _rowcount(
+                    conn.execute(network_events.delete().where(network_events.c.time < cutoff))
                 )
-            )
+                deleted["executions"] += _rowcount(
+                    conn.execute(
+                        executions.delete().where(executions.c.started_at < cutoff, finished)
+                    )
+                )
+            if self.audit_max_rows is not None:
+                deleted["network_events"] += _keep_newest(conn, network_events, self.audit_max_rows)
+                deleted["executions"] += _keep_newest(
+                    conn, executions, self.audit_max_rows, finished
+                )
+        return deleted
 
     def query_network(
         self,
@@ -463,6 +556,23 @@ class Store:
         with self.engine.connect() as conn:
             rows = [dict(row._mapping) for row in conn.execute(query)]
         return rows[::-1]
+
+
+def _keep_newest(
+    conn: sa.Connection, table: sa.Table, rows: int, *where: sa.ColumnElement[bool]
+) -> int:
+    """Delete the rows of ``table`` with an id more than ``rows`` below the newest.
+
+    Ids only grow, so at most ``rows`` remain (fewer if ids have gaps), and the delete
+    is a range on the primary key, cheap enough to run on every write."""
+    newest = conn.execute(sa.select(sa.func.max(table.c.id))).scalar()
+    if newest is None or newest <= rows:
+        return 0
+    return _rowcount(conn.execute(table.delete().where(table.c.id <= newest - rows, *where)))
+
+
+def _rowcount(result: Any) -> int:
+    return int(result.rowcount or 0)
 
 
 def _quota_values(quotas: TenantQuotas) -> dict[str, int]:
