@@ -2,6 +2,9 @@
 
 The runner enforces output limits itself, but it shares a sandbox with untrusted
 code, so the host enforces them again here and never trusts a count it was sent.
+What a cell may make the host parse is bounded earlier, where its bytes arrive
+(:mod:`sandlot.backends._channel`); that layer reports what it dropped with a host-made
+``limit`` event, folded here into ``truncated`` and a marker.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from sandlot._models import (
 from sandlot.policy import Resources
 
 TRUNCATION_MARKER = "\n[sandlot: output truncated: more than {limit} bytes of stdout/stderr]\n"
+LIMIT_MARKER = (
+    "[sandlot: this cell sent more than {limit} bytes of results (counted as the host "
+    "would hold them once parsed); the host dropped the rest unread]\n"
+)
 # The runner's own marker and a partial UTF-8 sequence may push a cell a little over.
 _SLACK = 4096
 
@@ -58,6 +65,8 @@ class ExecutionBuilder:
             self.set_error(ExecutionError(event["name"], event["value"], event["traceback"]))
         elif kind == "exit":
             self._exit(event)
+        elif kind == "limit":
+            self._dropped(LIMIT_MARKER.format(limit=event.get("limit")))
 
     def _text(self, kind: str, text: str) -> None:
         if self._output_limit is not None:
@@ -158,7 +167,7 @@ class CommandBuilder:
             if event.get("truncated") is True:
                 self._inner.execution.truncated = True
             return
-        if event["type"] in ("stdout", "stderr"):
+        if event["type"] in ("stdout", "stderr", "limit"):
             self._inner.add(event)
 
     def abort(self, error: str) -> None:

@@ -39,7 +39,7 @@ from sandlot.backends._base import Probe
 from sandlot.backends._channel import ChannelHandle, SandboxProcess
 from sandlot.backends.bwrap._compile import ETC_ENTRIES, HostLayout
 from sandlot.egress import EgressLease
-from sandlot.policy import SandboxSpec
+from sandlot.policy import Resources, SandboxSpec
 from sandlot.templates import Template, cache_dir
 
 log = logging.getLogger("sandlot.backend")
@@ -321,6 +321,7 @@ class BwrapHandle(ChannelHandle):
         cgroup: _cgroups.SandboxCgroup | None,
         egress: EgressLease | None = None,
         exit_reason: Callable[[int], str] | None = None,
+        resources: Resources | None = None,
     ) -> None:
         self._cgroup = cgroup
         self._egress = egress
@@ -330,6 +331,7 @@ class BwrapHandle(ChannelHandle):
             stderr_tail=stderr_tail,
             on_exit=self._release,
             exit_reason=exit_reason,
+            resources=resources,
         )
 
     def kill(self) -> None:

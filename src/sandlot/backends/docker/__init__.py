@@ -321,6 +321,7 @@ class _ContainerBackend(Backend):
                 code, None if memory is None else memory + RUNNER_MEMORY_HEADROOM_MB
             ),
             egress=lease,
+            resources=spec.resources,
         )
         try:
             handle.wait_ready(START_TIMEOUT)
