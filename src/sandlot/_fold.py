@@ -33,6 +33,22 @@ LIMIT_MARKER = (
 _SLACK = 4096
 
 
+_STREAM_ONLY = "__sandlot_stream_only__"
+
+
+def stream_only(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark an output or result callback as taking what it is given *instead of* the
+    Execution: what it receives is not also kept in ``logs`` / ``results``. For callers
+    that forward everything and need only the outcome (the server), so that the memory
+    a cell costs them does not grow with its output."""
+    setattr(callback, _STREAM_ONLY, True)
+    return callback
+
+
+def _keeps(callback: Callable[..., Any] | None) -> bool:
+    return callback is None or not getattr(callback, _STREAM_ONLY, False)
+
+
 @dataclass(slots=True)
 class Callbacks:
     on_stdout: Callable[[OutputMessage], Any] | None = None
@@ -51,6 +67,7 @@ class ExecutionBuilder:
         self._max_results = resources.max_results
         self._result_bytes = resources.result_bytes
         self._output_used = 0
+        self._results = 0
         self._marked = False
         self._markers: set[str] = set()
         self.finished = False
@@ -83,13 +100,14 @@ class ExecutionBuilder:
                 self.execution.truncated = True
                 self._marked = True
         logs = self.execution.logs.stdout if kind == "stdout" else self.execution.logs.stderr
-        logs.append(text)
         callback = self.callbacks.on_stdout if kind == "stdout" else self.callbacks.on_stderr
+        if _keeps(callback):
+            logs.append(text)
         if callback is not None:
             callback(OutputMessage(text, error=kind == "stderr"))
 
     def _result(self, event: dict[str, Any]) -> None:
-        if self._max_results is not None and len(self.execution.results) >= self._max_results:
+        if self._max_results is not None and self._results >= self._max_results:
             self._dropped(
                 f"[sandlot: more than {self._max_results} results in one cell; "
                 "the rest were dropped]\n"
@@ -104,7 +122,9 @@ class ExecutionBuilder:
             )
             return
         result = Result.from_bundle(event["data"], is_main_result=event["is_main_result"])
-        self.execution.results.append(result)
+        self._results += 1
+        if _keeps(self.callbacks.on_result):
+            self.execution.results.append(result)
         if self.callbacks.on_result is not None:
             self.callbacks.on_result(result)
 

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from sandlot import EntryInfo, InvalidArgumentError, SandlotError
+from sandlot._fold import stream_only
 from sandlot._sandbox import DEFAULT_CELL_TIMEOUT, _check_envs, _check_path, _context_id, _seconds
 from sandlot.policy import MiB, Resources
 from sandlot.server._cells import CellRunner, exception_message, ndjson
@@ -54,7 +55,8 @@ are refused with 422 rather than failing the sandbox's start). Byte fields: 1 Ti
 def _resources_model() -> type[BaseModel]:
     """``sandlot.Resources`` as a request model, built from its fields so it cannot drift.
 
-    A field left out takes its default; ``null`` removes the limit.
+    A field left out takes the tenant's ceiling; ``null`` and a value above the ceiling
+    are refused (400, see ``SandboxManager.resources_for``).
     """
     hints = typing.get_type_hints(Resources)
     fields: dict[str, Any] = {}
@@ -66,7 +68,8 @@ def _resources_model() -> type[BaseModel]:
     return create_model(
         "ResourcesIn",
         __config__=ConfigDict(extra="forbid"),
-        __doc__="sandlot.Resources; a field left out takes its default, null removes the limit.",
+        __doc__="sandlot.Resources, each at most the server's ceiling for the tenant; a field "
+        "left out takes the ceiling; null (no limit) is refused.",
         **fields,
     )
 
@@ -269,6 +272,20 @@ async def set_timeout(request: Request, entry: Owned, body: SetTimeout) -> None:
 # --- code -----------------------------------------------------------------------------
 
 
+def _within_cell_ceiling(state: ServerState, tenant: str, timeout: float, default: bool) -> float:
+    """``timeout``, if within the tenant's cell-timeout ceiling; a default above the
+    ceiling is lowered to it, an explicit one is refused (400)."""
+    ceiling = state.manager.cell_timeout_ceiling(tenant)
+    if timeout <= ceiling:
+        return timeout
+    if default:
+        return ceiling
+    raise InvalidArgumentError(
+        f"timeout={timeout:g} is above this server's cell timeout ceiling of {ceiling:g} "
+        f"seconds for tenant {tenant!r}"
+    )
+
+
 async def execute(
     state: ServerState,
     principal: Principal,
@@ -286,6 +303,7 @@ async def execute(
     # still be a 400.
     context = _context_id(body.context_id)
     timeout = _seconds(body.timeout) if body.timeout is not None else default_timeout
+    timeout = _within_cell_ceiling(state, entry.tenant, timeout, body.timeout is None)
     envs = _check_envs(body.env_vars)
     cell = state.manager.new_cell(entry, context)
     runner = CellRunner(
@@ -301,7 +319,11 @@ async def execute(
         adapt_result=adapt_result,
     )
     stream = ndjson(
-        runner, state.executor, lambda: state.manager.interrupt_cell(cell, "client disconnected")
+        runner,
+        state.executor,
+        lambda: state.manager.interrupt_cell(cell, "client disconnected"),
+        lambda: state.manager.interrupt_cell(cell, "client too slow"),
+        stall_seconds=state.settings.client_stall_timeout,
     )
     return StreamingResponse(stream, media_type=NDJSON)
 
@@ -510,6 +532,8 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
     envs = _check_envs(body.envs)
     cwd = _check_path(body.cwd) if body.cwd else None
     timeout = _seconds(body.timeout) if body.timeout is not None else None
+    if timeout is not None:
+        timeout = _within_cell_ceiling(state, entry.tenant, timeout, False)
 
     def work(push: Any) -> None:
         state.manager.touch(entry, +1)
@@ -519,8 +543,9 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
                 cwd=cwd,
                 envs=envs,
                 timeout=timeout,
-                on_stdout=lambda m: push({"type": "stdout", "text": m.line}),
-                on_stderr=lambda m: push({"type": "stderr", "text": m.line}),
+                # Forwarded, not also kept: the result's stdout/stderr go unused here.
+                on_stdout=stream_only(lambda m: push({"type": "stdout", "text": m.line})),
+                on_stderr=stream_only(lambda m: push({"type": "stderr", "text": m.line})),
             )
             push({"type": "end_of_command", "exit_code": result.exit_code, "error": result.error})
         except SandlotError as exc:  # typed for the client; the command did not run
@@ -529,4 +554,7 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
             state.manager.touch(entry, -1)
             push(None)
 
-    return StreamingResponse(ndjson(work, state.executor, lambda: None), media_type=NDJSON)
+    stream = ndjson(
+        work, state.executor, lambda: None, stall_seconds=state.settings.client_stall_timeout
+    )
+    return StreamingResponse(stream, media_type=NDJSON)
