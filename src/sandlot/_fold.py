@@ -41,8 +41,12 @@ def stream_only(callback: Callable[..., Any]) -> Callable[..., Any]:
     Execution: what it receives is not also kept in ``logs`` / ``results``. For callers
     that forward everything and need only the outcome (the server), so that the memory
     a cell costs them does not grow with its output."""
-    setattr(callback, _STREAM_ONLY, True)
-    return callback
+
+    def forward(value: Any) -> Any:
+        return callback(value)
+
+    setattr(forward, _STREAM_ONLY, True)
+    return forward
 
 
 def _keeps(callback: Callable[..., Any] | None) -> bool:

@@ -139,6 +139,13 @@ _CEILING_HELP = (
 )
 @click.option("--ceiling", "ceilings", multiple=True, metavar="NAME=VALUE", help=_CEILING_HELP)
 @click.option(
+    "--max-sandbox-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=24 * 3600.0,
+    show_default=True,
+    help="Longest a sandbox may be asked to live, seconds (and the lifetime of timeout: null).",
+)
+@click.option(
     "--max-cell-timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=24 * 3600.0,
@@ -172,6 +179,7 @@ def serve(
     egress_max_connections: int | None,
     egress_hosts: Path | None,
     ceilings: tuple[str, ...],
+    max_sandbox_timeout: float,
     max_cell_timeout: float,
     client_stall_timeout: float,
 ) -> None:
@@ -216,6 +224,7 @@ def serve(
         egress=ceiling,
         egress_hosts=None if egress_hosts is None else _read_hosts(egress_hosts),
         ceilings=resource_ceilings,
+        max_sandbox_timeout=max_sandbox_timeout,
         max_cell_timeout=max_cell_timeout,
         client_stall_timeout=client_stall_timeout,
     )

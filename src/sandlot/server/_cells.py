@@ -130,8 +130,7 @@ class CellRunner:
 
         # Everything is forwarded to the client as it comes; the Execution keeps only
         # the outcome, so a cell's cost to the server does not grow with its output.
-        for callback in (on_output, on_result):
-            stream_only(callback)
+        forward_output, forward_result = stream_only(on_output), stream_only(on_result)
         self.manager.touch(entry, +1)
         try:
             self.store.execution_started(
@@ -155,9 +154,9 @@ class CellRunner:
                     context=cell.context,
                     envs=self.envs,
                     timeout=self.timeout,
-                    on_stdout=on_output,
-                    on_stderr=on_output,
-                    on_result=on_result,
+                    on_stdout=forward_output,
+                    on_stderr=forward_output,
+                    on_result=forward_result,
                     on_error=on_error,
                 )
             except SandlotError as exc:
