@@ -145,3 +145,27 @@ def test_a_message_whose_type_and_id_do_not_lead_kills_the_sandbox(
     with pytest.raises(SandboxLost, match="protocol"):
         stream.next(5)
     assert process.wait(5) == -signal.SIGKILL
+
+
+@pytest.mark.parametrize(
+    "item",
+    ['"ab",', "[],", "{},", "1.5,", '{"a":1},', "[[]],", '{"a":{}},', "1000,", '"\\u00e9",'],
+)
+@pytest.mark.parametrize("size", [4096, 2 * 1024 * 1024])  # counted exactly / by bytes
+def test_the_cost_charged_before_parsing_covers_what_parsing_takes(item: str, size: int) -> None:
+    # The budget is only as good as this estimate: measure what json.loads keeps.
+    import tracemalloc
+
+    from sandlot.backends._channel import frame_cost
+
+    text = "[" + item * (size // len(item)) + "0]"
+    line = text.encode()
+    tracemalloc.start()
+    try:
+        value = json.loads(line)
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del value
+    _, cost = frame_cost(line)
+    assert cost >= kept, (item, cost, kept)

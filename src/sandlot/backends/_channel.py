@@ -7,7 +7,7 @@ stream of the request they answer. A message that breaks the protocol is treated
 an attack: the sandbox is killed and every waiting call gets :class:`SandboxLost`.
 
 What a sandbox can make the host hold is bounded before anything is parsed
-(:class:`FrameCost`): ``json.loads`` turns a line of tiny values (``"ab",`` repeated)
+(:func:`frame_cost`): ``json.loads`` turns a line of tiny values (``"ab",`` repeated)
 into objects worth twelve to thirty times its size, so the size of a line alone says
 little. Per cell, results and errors share a budget of ``Resources.result_bytes``
 counted in that parsed cost; a line over it is dropped unparsed and the cell is told
@@ -86,8 +86,8 @@ def frame_cost(line: bytes) -> tuple[int, int]:
     values = _values(line)
     if values > ENVELOPE_VALUES and len(line) <= EXACT_BYTES:
         values = _values(_STRING.sub(b"", line))  # what looked like values in strings
-    if line.isascii():
-        width = 1 if b"\\u" not in line else (4 if _WIDE4.search(line) else 2)
+    if line.isascii() and b"\\u" not in line:
+        width = 1
     else:
         width = 4 if _WIDE4.search(line) else 2 if _WIDE2.search(line) else 1
     return values, width * len(line) + VALUE_COST * values
@@ -107,14 +107,16 @@ class CellBudget:
     """
 
     results: int | None
+    limit: int | None
+    """The limit as the caller set it, for the message."""
 
     @classmethod
     def for_request(cls, kind: str, resources: Resources) -> CellBudget | None:
         if kind == "execute":
             limit = resources.result_bytes
-            return cls(None if limit is None else limit + CELL_SLACK)
+            return cls(None if limit is None else limit + CELL_SLACK, limit)
         if kind == "command":
-            return cls(CELL_SLACK)  # commands send no results: errors and markers only
+            return cls(CELL_SLACK, CELL_SLACK)  # no results: errors and markers only
         return None
 
 
@@ -410,5 +412,5 @@ class ChannelHandle(SandboxHandle):
         if what in stream.limited:
             return
         stream.limited.add(what)
-        budget = self._resources.result_bytes
-        stream.push({"type": "limit", "id": stream._rid, "what": what, "limit": budget}, 0)
+        limit = None if stream.budget is None else stream.budget.limit
+        stream.push({"type": "limit", "id": stream._rid, "what": what, "limit": limit}, 0)
