@@ -96,6 +96,9 @@ def test_a_resource_left_out_gets_the_ceiling_and_a_tenant_can_have_its_own(
                 f"/v1/sandboxes/{sandbox_id}/execute", json={"code": "1", "timeout": 6}
             )
             assert slow.status_code == 400 and "ceiling" in slow.json()["message"]
+            # A command that names no timeout gets the default or the ceiling, not a 400.
+            plain = client.post(f"/v1/sandboxes/{sandbox_id}/commands", json={"cmd": "true"})
+            assert plain.status_code == 200, plain.text
             ran = client.post(
                 f"/v1/sandboxes/{sandbox_id}/commands",
                 json={"cmd": "for i in $(seq 40); do sleep 5 & done; wait", "timeout": 5},

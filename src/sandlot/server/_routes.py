@@ -20,7 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from sandlot import EntryInfo, InvalidArgumentError, SandlotError
 from sandlot._fold import stream_only
-from sandlot._sandbox import DEFAULT_CELL_TIMEOUT, _check_envs, _check_path, _context_id, _seconds
+from sandlot._sandbox import (
+    DEFAULT_CELL_TIMEOUT,
+    DEFAULT_COMMAND_TIMEOUT,
+    _check_envs,
+    _check_path,
+    _context_id,
+    _seconds,
+)
 from sandlot.policy import MiB, Resources
 from sandlot.server._cells import CellRunner, exception_message, ndjson
 from sandlot.server._manager import ApiError, ManagedSandbox
@@ -531,9 +538,12 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
         raise InvalidArgumentError("cmd must be a non-empty string")
     envs = _check_envs(body.envs)
     cwd = _check_path(body.cwd) if body.cwd else None
-    timeout = _seconds(body.timeout) if body.timeout is not None else None
-    if timeout is not None:
-        timeout = _within_cell_ceiling(state, entry.tenant, timeout, False)
+    timeout = _within_cell_ceiling(
+        state,
+        entry.tenant,
+        _seconds(body.timeout) if body.timeout is not None else DEFAULT_COMMAND_TIMEOUT,
+        "timeout" not in body.model_fields_set or body.timeout is None,
+    )
 
     def work(push: Any) -> None:
         state.manager.touch(entry, +1)
