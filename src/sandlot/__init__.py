@@ -34,6 +34,7 @@ from sandlot._exceptions import (
     ServerError,
     TemplateError,
 )
+from sandlot._fold import stream_only
 from sandlot._models import (
     CommandResult,
     Context,
@@ -97,6 +98,7 @@ __all__ = [
     "TemplateError",
     "WriteInfo",
     "__version__",
+    "stream_only",
 ]
 
 for _name in __all__:

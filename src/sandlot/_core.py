@@ -42,6 +42,9 @@ class SandboxOptions:
     template: str = "python-data"
     backend: str | Backend = "auto"
     resources: Resources = field(default_factory=Resources)
+    resources_given: frozenset[str] = frozenset()
+    """The ``resources`` fields the caller chose; the others are defaults (a server
+    fills those in with its own ceilings instead)."""
     envs: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)

@@ -2,6 +2,9 @@
 
 The runner enforces output limits itself, but it shares a sandbox with untrusted
 code, so the host enforces them again here and never trusts a count it was sent.
+What a cell may make the host parse is bounded earlier, where its bytes arrive
+(:mod:`sandlot.backends._channel`); that layer reports what it dropped with a host-made
+``limit`` event, folded here into ``truncated`` and a marker.
 """
 
 from __future__ import annotations
@@ -22,8 +25,32 @@ from sandlot._models import (
 from sandlot.policy import Resources
 
 TRUNCATION_MARKER = "\n[sandlot: output truncated: more than {limit} bytes of stdout/stderr]\n"
+LIMIT_MARKER = (
+    "[sandlot: this cell sent more than {limit} bytes of results (counted as the host "
+    "would hold them once parsed); the host dropped the rest unread]\n"
+)
 # The runner's own marker and a partial UTF-8 sequence may push a cell a little over.
 _SLACK = 4096
+
+
+_STREAM_ONLY = "__sandlot_stream_only__"
+
+
+def stream_only(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark an output or result callback as taking what it is given *instead of* the
+    Execution: what it receives is not also kept in ``logs`` / ``results``. For callers
+    that forward everything and need only the outcome (the server), so that the memory
+    a cell costs them does not grow with its output."""
+
+    def forward(value: Any) -> Any:
+        return callback(value)
+
+    setattr(forward, _STREAM_ONLY, True)
+    return forward
+
+
+def _keeps(callback: Callable[..., Any] | None) -> bool:
+    return callback is None or not getattr(callback, _STREAM_ONLY, False)
 
 
 @dataclass(slots=True)
@@ -44,6 +71,7 @@ class ExecutionBuilder:
         self._max_results = resources.max_results
         self._result_bytes = resources.result_bytes
         self._output_used = 0
+        self._results = 0
         self._marked = False
         self._markers: set[str] = set()
         self.finished = False
@@ -58,6 +86,8 @@ class ExecutionBuilder:
             self.set_error(ExecutionError(event["name"], event["value"], event["traceback"]))
         elif kind == "exit":
             self._exit(event)
+        elif kind == "limit":
+            self._dropped(LIMIT_MARKER.format(limit=event.get("limit")))
 
     def _text(self, kind: str, text: str) -> None:
         if self._output_limit is not None:
@@ -74,13 +104,14 @@ class ExecutionBuilder:
                 self.execution.truncated = True
                 self._marked = True
         logs = self.execution.logs.stdout if kind == "stdout" else self.execution.logs.stderr
-        logs.append(text)
         callback = self.callbacks.on_stdout if kind == "stdout" else self.callbacks.on_stderr
+        if _keeps(callback):
+            logs.append(text)
         if callback is not None:
             callback(OutputMessage(text, error=kind == "stderr"))
 
     def _result(self, event: dict[str, Any]) -> None:
-        if self._max_results is not None and len(self.execution.results) >= self._max_results:
+        if self._max_results is not None and self._results >= self._max_results:
             self._dropped(
                 f"[sandlot: more than {self._max_results} results in one cell; "
                 "the rest were dropped]\n"
@@ -95,7 +126,9 @@ class ExecutionBuilder:
             )
             return
         result = Result.from_bundle(event["data"], is_main_result=event["is_main_result"])
-        self.execution.results.append(result)
+        self._results += 1
+        if _keeps(self.callbacks.on_result):
+            self.execution.results.append(result)
         if self.callbacks.on_result is not None:
             self.callbacks.on_result(result)
 
@@ -158,7 +191,7 @@ class CommandBuilder:
             if event.get("truncated") is True:
                 self._inner.execution.truncated = True
             return
-        if event["type"] in ("stdout", "stderr"):
+        if event["type"] in ("stdout", "stderr", "limit"):
             self._inner.add(event)
 
     def abort(self, error: str) -> None:

@@ -132,6 +132,7 @@ class RemoteCore:
             network=options.network,
         )
         self.metadata = dict(options.metadata)
+        self._resources_given = options.resources_given
         self._timeout = options.timeout
         self._client = httpx.Client(
             base_url=target.url,
@@ -181,7 +182,11 @@ class RemoteCore:
             "timeout": self._timeout,
             "envs": dict(self.spec.envs),
             "metadata": self.metadata,
-            "resources": {f.name: getattr(self.spec.resources, f.name) for f in fields(Resources)},
+            # Only what the caller chose: a field left out gets the server's ceiling for
+            # this tenant, which may be below sandlot's local default.
+            "resources": {
+                name: getattr(self.spec.resources, name) for name in sorted(self._resources_given)
+            },
         }
         if self.spec.network.enabled:
             body["network"] = _network_body(self.spec.network)
@@ -189,7 +194,15 @@ class RemoteCore:
         self._id = str(info["sandbox_id"])
         # The policy in force: the server may have lowered caps left at their defaults
         # and added its own deny_out.
-        self.spec = replace(self.spec, network=NetworkPolicy.coerce(info.get("network")))
+        granted = info.get("resources") or {}
+        known = {f.name for f in fields(Resources)}
+        self.spec = replace(
+            self.spec,
+            network=NetworkPolicy.coerce(info.get("network")),
+            resources=replace(
+                self.spec.resources, **{k: v for k, v in granted.items() if k in known}
+            ),
+        )
 
     def _info(self) -> dict[str, Any]:
         info: dict[str, Any] = self._request("GET", self._path()).json()

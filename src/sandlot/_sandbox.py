@@ -69,10 +69,23 @@ def sandbox_options(
     """Check the constructor's arguments (InvalidArgumentError before anything starts)."""
     if not isinstance(template, str) or not template:
         raise InvalidArgumentError(f"template must be a non-empty str, not {template!r}")
+    limits = Resources.coerce(resources)
+    if resources is None:
+        given: frozenset[str] = frozenset()
+    elif isinstance(resources, Resources):
+        defaults = Resources()
+        given = frozenset(
+            name
+            for name in Resources.__dataclass_fields__
+            if getattr(limits, name) != getattr(defaults, name)
+        )
+    else:
+        given = frozenset(resources)
     return SandboxOptions(
         template=template,
         backend=backend,
-        resources=Resources.coerce(resources),
+        resources=limits,
+        resources_given=given,
         envs=check_envs(envs),
         timeout=None if timeout is None else seconds(timeout),
         metadata=dict(metadata or {}),

@@ -46,7 +46,9 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    server = ServerProcess(tmp_path_factory.mktemp("api"), "--idle-ttl", "600").start()
+    server = ServerProcess(
+        tmp_path_factory.mktemp("api"), "--idle-ttl", "600", "--ceiling", "memory_mb=8192"
+    ).start()
     try:
         yield Api(server)
     finally:

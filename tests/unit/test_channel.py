@@ -159,3 +159,86 @@ def test_fatal_after_ready_is_ignored(
     event = stream.next(5)
     assert event is not None and event["type"] == "reply"
     assert handle.alive and process.poll() is None
+
+
+def _execute(handle: ChannelHandle, runner: socket.socket) -> tuple[EventStream, str]:
+    stream = handle.request({"type": "execute", "code": "", "context": "c", "envs": {}})
+    return stream, json.loads(runner.makefile("rb").readline())["id"]
+
+
+def test_results_over_the_cells_budget_are_dropped_unparsed_and_the_cell_is_told() -> None:
+    # A result of two-letter strings costs the host twelve times its text once parsed.
+    # The budget is result_bytes of that parsed cost per cell, checked before parsing.
+    from sandlot.policy import MiB, Resources
+
+    host, runner = socket.socketpair()
+    process = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    handle = ChannelHandle(host, process, resources=Resources(result_bytes=1 * MiB))
+    try:
+        runner.sendall(encode(READY))
+        handle.wait_ready(5)
+        stream, rid = _execute(handle, runner)
+        small = {"type": "result", "id": rid, "data": {"text/plain": "1"}, "is_main_result": False}
+        junk = f'{{"type":"result","id":"{rid}","is_main_result":false,"data":{{"a":['
+        junk += '"ab",' * (400 * 1024 // 5) + '"x"]}}\n'  # 400 KiB of text, ~5 MiB parsed
+        runner.sendall(encode(small) + junk.encode() * 3 + encode(small))
+        runner.sendall(encode({"type": "exit", "id": rid, "status": "ok"}))
+        kinds = []
+        while (event := stream.next(5)) is not None:
+            kinds.append(event["type"])
+            if event["type"] == "limit":
+                assert event["limit"] == 1 * MiB
+            if event["type"] == "exit":
+                break
+        # Both small results fit (the slack is for errors and markers); no junk did.
+        assert kinds == ["result", "limit", "result", "exit"], kinds
+        assert handle.alive and process.poll() is None
+    finally:
+        handle.kill()
+        runner.close()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"id": "x", "type": "reply", "ok": true}\n',  # the id is not after the type
+        b'{"type":"reply","ok":true,"id":"x"}\n',
+        b'{"type":"reply","id":"RID","ok":true,"id":"other"}\n',  # two ids
+    ],
+    ids=["type-not-first", "id-not-second", "id-twice"],
+)
+def test_a_message_whose_type_and_id_do_not_lead_kills_the_sandbox(
+    channel: tuple[ChannelHandle, socket.socket, subprocess.Popen[bytes]], line: bytes
+) -> None:
+    # The host charges a line to the request named at its start before parsing it, so a
+    # line that names its request anywhere else could dodge that request's budget.
+    handle, runner, process = channel
+    stream, rid = _request(handle, runner)
+    runner.sendall(line.replace(b"RID", rid.encode()))
+    with pytest.raises(SandboxLost, match="protocol"):
+        stream.next(5)
+    assert process.wait(5) == -signal.SIGKILL
+
+
+@pytest.mark.parametrize(
+    "item",
+    ['"ab",', "[],", "{},", "1.5,", '{"a":1},', "[[]],", '{"a":{}},', "1000,", '"\\u00e9",'],
+)
+@pytest.mark.parametrize("size", [4096, 2 * 1024 * 1024])  # counted exactly / by bytes
+def test_the_cost_charged_before_parsing_covers_what_parsing_takes(item: str, size: int) -> None:
+    # The budget is only as good as this estimate: measure what json.loads keeps.
+    import tracemalloc
+
+    from sandlot.backends._channel import frame_cost
+
+    text = "[" + item * (size // len(item)) + "0]"
+    line = text.encode()
+    tracemalloc.start()
+    try:
+        value = json.loads(line)
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del value
+    _, cost = frame_cost(line)
+    assert cost >= kept, (item, cost, kept)

@@ -397,3 +397,35 @@ def test_command_abort() -> None:
 def test_result_is_a_result() -> None:
     builder = fold([result({"text/plain": "1"}, main=True)])
     assert isinstance(builder.execution.results[0], Result)
+
+
+def test_stream_only_callbacks_take_output_and_results_instead_of_the_execution() -> None:
+    # The server forwards everything and needs only the outcome: what it streams must
+    # not also pile up in the Execution it throws away.
+    from sandlot._fold import stream_only
+
+    seen: list[Any] = []
+    builder = ExecutionBuilder(
+        Resources(max_results=2),
+        Callbacks(
+            on_stdout=stream_only(seen.append),
+            on_result=stream_only(seen.append),
+        ),
+    )
+    for event in (out("a"), result({"text/plain": "1"}), result({"text/plain": "2"})):
+        builder.add(event)
+    builder.add(result({"text/plain": "3"}))  # over max_results: still counted
+    builder.add(exit_())
+    execution = builder.execution
+    assert execution.logs.stdout == [] and execution.results == []
+    assert len(seen) == 3 and execution.truncated
+
+
+def test_a_limit_event_from_the_host_marks_the_cell_truncated_once() -> None:
+    builder = ExecutionBuilder(Resources())
+    builder.add(ev("limit", what="results", limit=16))
+    builder.add(ev("limit", what="results", limit=16))
+    builder.add(exit_())
+    assert builder.execution.truncated
+    markers = [t for t in builder.execution.logs.stderr if "host dropped" in t]
+    assert len(markers) == 1 and "16 bytes" in markers[0]

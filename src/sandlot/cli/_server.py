@@ -43,6 +43,48 @@ def _settings(state_dir: Path | None, database: str | None, **changes: Any) -> A
     )
 
 
+def _ceilings(values: tuple[str, ...], *, timeouts: bool) -> dict[str, Any]:
+    """``NAME=VALUE`` options as a dict; NAME a ``Resources`` field (or, for a tenant,
+    ``sandbox_timeout`` / ``cell_timeout``), VALUE a positive number."""
+    from sandlot import Resources
+    from sandlot.server import TIMEOUT_CEILINGS
+
+    names = [*Resources.__dataclass_fields__, *(TIMEOUT_CEILINGS if timeouts else ())]
+    parsed: dict[str, Any] = {}
+    for item in values:
+        name, sep, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in names:
+            raise click.BadParameter(
+                f"{item!r}: expected NAME=VALUE with NAME one of {', '.join(names)}",
+                param_hint="--ceiling",
+            )
+        try:
+            number: float = float(text) if name in ("cpus", *TIMEOUT_CEILINGS) else int(text)
+        except ValueError:
+            number = 0
+        if not number > 0:
+            raise click.BadParameter(
+                f"{item!r}: VALUE must be a positive number", param_hint="--ceiling"
+            )
+        parsed[name] = number
+    if timeouts:
+        try:  # the resource ceilings must make a valid Resources
+            Resources(**{k: v for k, v in parsed.items() if k not in TIMEOUT_CEILINGS})
+        except Exception as exc:
+            raise click.BadParameter(str(exc), param_hint="--ceiling") from exc
+    return parsed
+
+
+_CEILING_HELP = (
+    "The most a tenant's sandbox may have of one resource, as NAME=VALUE (a "
+    "sandlot.Resources field: memory_mb, cpus, pids, disk_mb, tmp_mb, output_bytes, "
+    "max_results, result_bytes, upload_bytes, ...). A request that leaves a resource out "
+    "gets its ceiling; one above it, or null, is refused. Repeatable. Default: "
+    "sandlot's defaults."
+)
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
@@ -120,6 +162,29 @@ def _settings(state_dir: Path | None, database: str | None, **changes: Any) -> A
     show_default=True,
     help="Rows each audit table keeps at most, oldest deleted first; 0: no cap.",
 )
+@click.option("--ceiling", "ceilings", multiple=True, metavar="NAME=VALUE", help=_CEILING_HELP)
+@click.option(
+    "--max-sandbox-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=24 * 3600.0,
+    show_default=True,
+    help="Longest a sandbox may be asked to live, seconds (and the lifetime of timeout: null).",
+)
+@click.option(
+    "--max-cell-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=24 * 3600.0,
+    show_default=True,
+    help="Longest a cell or command may be asked to run, seconds.",
+)
+@click.option(
+    "--client-stall-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds a client may leave a cell's stream unread, with 8 MiB waiting for it, "
+    "before the cell is cut.",
+)
 def serve(
     host: str,
     port: int,
@@ -141,9 +206,13 @@ def serve(
     egress_hosts: Path | None,
     audit_max_age: float,
     audit_max_rows: int,
+    ceilings: tuple[str, ...],
+    max_sandbox_timeout: float,
+    max_cell_timeout: float,
+    client_stall_timeout: float,
 ) -> None:
     """Serve the sandbox API over HTTP (127.0.0.1 unless --host says otherwise)."""
-    from sandlot import NetworkPolicy, PolicyError
+    from sandlot import NetworkPolicy, PolicyError, Resources
     from sandlot.backends import backend_names
     from sandlot.server import Quotas
     from sandlot.server import serve as run_server
@@ -153,6 +222,10 @@ def serve(
         raise click.BadParameter(
             f"unknown backend {backend!r}; known: {known}", param_hint="--backend"
         )
+    try:
+        resource_ceilings = Resources(**_ceilings(ceilings, timeouts=False))
+    except PolicyError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ceiling") from exc
 
     caps = {
         "max_bytes_in": egress_max_bytes_in,
@@ -187,6 +260,10 @@ def serve(
         egress_hosts=None if egress_hosts is None else _read_hosts(egress_hosts),
         audit_max_age=audit_max_age * 86400 if audit_max_age else None,
         audit_max_rows=audit_max_rows or None,
+        ceilings=resource_ceilings,
+        max_sandbox_timeout=max_sandbox_timeout,
+        max_cell_timeout=max_cell_timeout,
+        client_stall_timeout=client_stall_timeout,
     )
     logging.basicConfig(level=logging.INFO)
     for handler in logging.getLogger().handlers:
@@ -252,6 +329,15 @@ def keys() -> None:
     "server's --egress-allow. Repeatable; replaces the tenant's list.",
 )
 @click.option("--no-egress", is_flag=True, help="This tenant may not enable network access at all.")
+@click.option(
+    "--ceiling",
+    "ceiling",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="This tenant's own ceiling for one resource (as serve's --ceiling), or "
+    "sandbox_timeout / cell_timeout in seconds; overrides the server's. Repeatable; "
+    "other ceilings stay as they were.",
+)
 @_storage_options
 def keys_create(
     tenant: str,
@@ -260,6 +346,7 @@ def keys_create(
     max_memory_mb: int | None,
     egress_allow: tuple[str, ...],
     no_egress: bool,
+    ceiling: tuple[str, ...],
     state_dir: Path | None,
     database: str | None,
 ) -> None:
@@ -273,6 +360,7 @@ def keys_create(
         NetworkPolicy(allow_out=egress_allow)
     except PolicyError as exc:
         raise click.BadParameter(str(exc), param_hint="--egress-allow") from exc
+    ceilings = _ceilings(ceiling, timeouts=True)
     settings = _settings(state_dir, database)
     store = Store(settings.resolved_database_url)
     try:
@@ -281,6 +369,8 @@ def keys_create(
         )
         if egress_allow or no_egress:
             store.set_tenant_egress(tenant, list(egress_allow))
+        if ceilings:
+            store.set_tenant_ceilings(tenant, ceilings)
     finally:
         store.close()
     click.echo(f"created a key for tenant {tenant!r}; it is shown only once:", err=True)

@@ -105,7 +105,17 @@ class ProtocolViolation(ValueError):
 
 
 def encode(message: Mapping[str, Any]) -> bytes:
-    """Serialise one message to a newline-terminated line of compact JSON."""
+    """Serialise one message to a newline-terminated line of compact JSON.
+
+    ``type`` and ``id`` come first: the host reads them off the start of a line to
+    route it, and to account for its cost, before it parses the rest (see
+    ``docs/protocol.md``, "Framing").
+    """
+    if "type" in message:
+        head = {"type": message["type"]}
+        if "id" in message:
+            head["id"] = message["id"]
+        message = {**head, **message}
     text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
     try:
         return (text + "\n").encode()

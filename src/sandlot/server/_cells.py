@@ -20,11 +20,12 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
-from sandlot import Execution, ExecutionError, OutputMessage, Result, SandlotError
+from sandlot import Execution, ExecutionError, OutputMessage, Result, SandlotError, stream_only
 from sandlot.server._manager import RunningCell, SandboxManager
 from sandlot.server._metrics import Metrics
 from sandlot.server._store import Principal, Store
@@ -125,6 +126,9 @@ class CellRunner:
         def on_error(error: ExecutionError) -> None:
             push({"type": "error", **(error_dict(error) or {})})
 
+        # Everything is forwarded to the client as it comes; the Execution keeps only
+        # the outcome, so a cell's cost to the server does not grow with its output.
+        forward_output, forward_result = stream_only(on_output), stream_only(on_result)
         self.manager.touch(entry, +1)
         try:
             self.store.execution_started(
@@ -148,9 +152,9 @@ class CellRunner:
                     context=cell.context,
                     envs=self.envs,
                     timeout=self.timeout,
-                    on_stdout=on_output,
-                    on_stderr=on_output,
-                    on_result=on_result,
+                    on_stdout=forward_output,
+                    on_stderr=forward_output,
+                    on_result=forward_result,
                     on_error=on_error,
                 )
             except SandlotError as exc:
@@ -222,22 +226,91 @@ class CellRunner:
         )
 
 
+QUEUE_BYTES = 8 * 1024 * 1024
+"""Bytes of a stream's messages that may wait for a slow client; past it the cell's
+worker waits (and with it the sandbox, see ``backends._channel.QUEUE_COST``)."""
+STALL_SECONDS = 60.0
+"""How long a client may leave the queue full before its cell is cut."""
+
+
 async def ndjson(
-    work: Callable[[Push], None], executor: Executor, on_abandon: Callable[[], None]
+    work: Callable[[Push], None],
+    executor: Executor,
+    on_abandon: Callable[[], None],
+    on_stall: Callable[[], None] | None = None,
+    *,
+    queue_bytes: int = QUEUE_BYTES,
+    stall_seconds: float = STALL_SECONDS,
 ) -> AsyncIterator[bytes]:
     """Run ``work(push)`` in ``executor`` and yield what it pushes, one JSON line each.
 
     ``push(None)`` ends the stream. If the stream is abandoned first (the client
     disconnected, or the server is cancelling the request), ``on_abandon`` runs in a
     thread of its own: the generator cannot await anything once it is cancelled.
+
+    The messages waiting for the client are bounded: ``push`` blocks while more than
+    ``queue_bytes`` wait. A client that takes nothing for ``stall_seconds`` while the
+    queue is full gets a last ``error`` message (``ClientTooSlow``), everything after
+    it is dropped, and ``on_stall`` (default ``on_abandon``) runs to cut the work short.
     """
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    room = threading.Condition()
+    waiting = 0  # bytes queued for the client, guarded by room
+    gone = False  # the client left: drop everything
+    cut = False  # the client was too slow: drop everything after the notice
 
-    def push(item: dict[str, Any] | None) -> None:
+    def deliver(item: bytes | None) -> None:
         # RuntimeError: the event loop is gone (server stopped); nobody is listening.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def push(item: dict[str, Any] | None) -> None:
+        nonlocal waiting, cut
+        if item is None:
+            deliver(None)
+            return
+        data = (json.dumps(item) + "\n").encode("utf-8")
+        stalled = False
+        with room:
+            deadline = time.monotonic() + stall_seconds
+            while not (gone or cut) and waiting and waiting + len(data) > queue_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    stalled = cut = True
+                    break
+                room.wait(left)
+            if gone or (cut and not stalled):
+                return
+            if not stalled:
+                waiting += len(data)
+        if stalled:
+            log.warning("a client took nothing for %g s; its stream is cut", stall_seconds)
+            notice = {
+                "type": "error",
+                "name": "ClientTooSlow",
+                "value": f"the client read nothing for {stall_seconds:g} s while "
+                f"{queue_bytes} bytes waited for it; the rest of this stream was dropped",
+                "traceback": "",
+            }
+            deliver((json.dumps(notice) + "\n").encode("utf-8"))
+            threading.Thread(
+                target=on_stall or on_abandon, name="sandlot-stall", daemon=True
+            ).start()
+            return
+        deliver(data)
+
+    def taken(size: int) -> None:
+        nonlocal waiting
+        with room:
+            waiting -= size
+            room.notify_all()
+
+    def leave() -> None:
+        nonlocal gone
+        with room:
+            gone = True
+            room.notify_all()
 
     loop.run_in_executor(executor, work, push)
     finished = False
@@ -247,7 +320,11 @@ async def ndjson(
             if item is None:
                 finished = True
                 return
-            yield (json.dumps(item) + "\n").encode("utf-8")
+            # Counted as taken once handed on: the server's own buffers downstream are
+            # bounded by the transport's flow control.
+            taken(len(item))
+            yield item
     finally:
+        leave()
         if not finished:
             threading.Thread(target=on_abandon, name="sandlot-abandon", daemon=True).start()

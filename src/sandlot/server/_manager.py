@@ -173,7 +173,7 @@ class SandboxManager:
         :meth:`ServerEgress.policy_for`); None or no ``allow_out``: no network."""
         if self.closing:
             raise ApiError(503, "ShuttingDown", "the server is shutting down")
-        spec = Resources.coerce(dict(resources) if resources is not None else None)
+        spec = self.resources_for(principal.tenant, resources)
         policy = self.egress.policy_for(
             network, self.store.tenant_egress(principal.tenant) if network else None
         )
@@ -182,7 +182,7 @@ class SandboxManager:
                 "resources.memory_mb must be set on a server (it counts against the tenant's "
                 "memory quota)"
             )
-        lifetime = self._lifetime(timeout)
+        lifetime = self._lifetime(timeout, principal.tenant)
         tenant = principal.tenant
         self._reserve(tenant, spec.memory_mb)
         try:
@@ -238,8 +238,55 @@ class SandboxManager:
         log.info("sandbox %s created for tenant %s", entry.sandbox_id, tenant)
         return entry
 
-    def _lifetime(self, timeout: float | None) -> float:
-        limit = self.settings.max_sandbox_timeout
+    # --- ceilings -------------------------------------------------------------------------
+    def ceilings(self, tenant: str) -> tuple[Resources, float, float]:
+        """``(resources, sandbox_timeout, cell_timeout)``: the most ``tenant`` may ask for
+        (its own ceilings where it has them, else the server's)."""
+        own = self.store.tenant_ceilings(tenant)
+        server = self.settings.ceilings
+        values = {
+            name: own.get(name, getattr(server, name)) for name in Resources.__dataclass_fields__
+        }
+        return (
+            Resources(**values),
+            float(own.get("sandbox_timeout", self.settings.max_sandbox_timeout)),
+            float(own.get("cell_timeout", self.settings.max_cell_timeout)),
+        )
+
+    def resources_for(self, tenant: str, requested: Mapping[str, Any] | None) -> Resources:
+        """The resources of a new sandbox: what the tenant asked for, each at most its
+        ceiling; a field left out gets the ceiling. ``null`` is refused: on a server it
+        would mean no limit at all, which is what ceilings exist to prevent."""
+        ceiling = self.ceilings(tenant)[0]
+        asked = dict(requested or {})
+        unknown = sorted(set(asked) - set(Resources.__dataclass_fields__))
+        if unknown:
+            raise InvalidArgumentError(f"unknown resource(s) {unknown}")
+        values: dict[str, Any] = {}
+        for name in Resources.__dataclass_fields__:
+            cap = getattr(ceiling, name)
+            if name not in asked:
+                values[name] = cap
+                continue
+            value = asked[name]
+            if value is None:
+                raise InvalidArgumentError(
+                    f"resources.{name} may not be null on this server (that would mean no "
+                    f"limit); leave it out to get the most allowed ({cap}) or ask for less"
+                )
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
+                raise InvalidArgumentError(
+                    f"resources.{name}={value} is above this server's ceiling of {cap} "
+                    f"for tenant {tenant!r}"
+                )
+            values[name] = value
+        return Resources.coerce(values)
+
+    def cell_timeout_ceiling(self, tenant: str) -> float:
+        return self.ceilings(tenant)[2]
+
+    def _lifetime(self, timeout: float | None, tenant: str) -> float:
+        limit = self.ceilings(tenant)[1]
         if timeout is None:
             return limit
         if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0:
@@ -348,7 +395,7 @@ class SandboxManager:
         return True
 
     def set_timeout(self, entry: ManagedSandbox, timeout: float | None) -> None:
-        entry.expires_at = time.time() + self._lifetime(timeout)
+        entry.expires_at = time.time() + self._lifetime(timeout, entry.tenant)
 
     def touch(self, entry: ManagedSandbox, delta: int) -> None:
         with entry.lock:

@@ -18,13 +18,20 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from sandlot import EntryInfo, InvalidArgumentError, SandlotError
+from sandlot import EntryInfo, InvalidArgumentError, SandlotError, stream_only
 from sandlot.policy import MiB, Resources
 from sandlot.server._cells import CellRunner, exception_message, ndjson
 from sandlot.server._manager import ApiError, ManagedSandbox
 from sandlot.server._state import ServerState, authenticate, state_of
 from sandlot.server._store import Principal
-from sandlot.validate import DEFAULT_CELL_TIMEOUT, check_envs, check_path, context_id, seconds
+from sandlot.validate import (
+    DEFAULT_CELL_TIMEOUT,
+    DEFAULT_COMMAND_TIMEOUT,
+    check_envs,
+    check_path,
+    context_id,
+    seconds,
+)
 
 LANGUAGES = (None, "python", "py", "python3")
 MAX_CELL_TIMEOUT = 86400.0
@@ -54,7 +61,8 @@ are refused with 422 rather than failing the sandbox's start). Byte fields: 1 Ti
 def _resources_model() -> type[BaseModel]:
     """``sandlot.Resources`` as a request model, built from its fields so it cannot drift.
 
-    A field left out takes its default; ``null`` removes the limit.
+    A field left out takes the tenant's ceiling; ``null`` and a value above the ceiling
+    are refused (400, see ``SandboxManager.resources_for``).
     """
     hints = typing.get_type_hints(Resources)
     fields: dict[str, Any] = {}
@@ -66,7 +74,8 @@ def _resources_model() -> type[BaseModel]:
     return create_model(
         "ResourcesIn",
         __config__=ConfigDict(extra="forbid"),
-        __doc__="sandlot.Resources; a field left out takes its default, null removes the limit.",
+        __doc__="sandlot.Resources, each at most the server's ceiling for the tenant; a field "
+        "left out takes the ceiling; null (no limit) is refused.",
         **fields,
     )
 
@@ -268,6 +277,20 @@ async def set_timeout(request: Request, entry: Owned, body: SetTimeout) -> None:
 # --- code -----------------------------------------------------------------------------
 
 
+def _within_cell_ceiling(state: ServerState, tenant: str, timeout: float, default: bool) -> float:
+    """``timeout``, if within the tenant's cell-timeout ceiling; a default above the
+    ceiling is lowered to it, an explicit one is refused (400)."""
+    ceiling = state.manager.cell_timeout_ceiling(tenant)
+    if timeout <= ceiling:
+        return timeout
+    if default:
+        return ceiling
+    raise InvalidArgumentError(
+        f"timeout={timeout:g} is above this server's cell timeout ceiling of {ceiling:g} "
+        f"seconds for tenant {tenant!r}"
+    )
+
+
 async def execute(
     state: ServerState,
     principal: Principal,
@@ -285,6 +308,7 @@ async def execute(
     # still be a 400.
     context = context_id(body.context_id)
     timeout = seconds(body.timeout) if body.timeout is not None else default_timeout
+    timeout = _within_cell_ceiling(state, entry.tenant, timeout, body.timeout is None)
     envs = check_envs(body.env_vars)
     cell = state.manager.new_cell(entry, context)
     runner = CellRunner(
@@ -300,7 +324,11 @@ async def execute(
         adapt_result=adapt_result,
     )
     stream = ndjson(
-        runner, state.executor, lambda: state.manager.interrupt_cell(cell, "client disconnected")
+        runner,
+        state.executor,
+        lambda: state.manager.interrupt_cell(cell, "client disconnected"),
+        lambda: state.manager.interrupt_cell(cell, "client too slow"),
+        stall_seconds=state.settings.client_stall_timeout,
     )
     return StreamingResponse(stream, media_type=NDJSON)
 
@@ -508,7 +536,12 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
         raise InvalidArgumentError("cmd must be a non-empty string")
     envs = check_envs(body.envs)
     cwd = check_path(body.cwd) if body.cwd else None
-    timeout = seconds(body.timeout) if body.timeout is not None else None
+    timeout = _within_cell_ceiling(
+        state,
+        entry.tenant,
+        seconds(body.timeout) if body.timeout is not None else DEFAULT_COMMAND_TIMEOUT,
+        "timeout" not in body.model_fields_set or body.timeout is None,
+    )
 
     def work(push: Any) -> None:
         state.manager.touch(entry, +1)
@@ -518,8 +551,9 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
                 cwd=cwd,
                 envs=envs,
                 timeout=timeout,
-                on_stdout=lambda m: push({"type": "stdout", "text": m.line}),
-                on_stderr=lambda m: push({"type": "stderr", "text": m.line}),
+                # Forwarded, not also kept: the result's stdout/stderr go unused here.
+                on_stdout=stream_only(lambda m: push({"type": "stdout", "text": m.line})),
+                on_stderr=stream_only(lambda m: push({"type": "stderr", "text": m.line})),
             )
             push({"type": "end_of_command", "exit_code": result.exit_code, "error": result.error})
         except SandlotError as exc:  # typed for the client; the command did not run
@@ -528,4 +562,7 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
             state.manager.touch(entry, -1)
             push(None)
 
-    return StreamingResponse(ndjson(work, state.executor, lambda: None), media_type=NDJSON)
+    stream = ndjson(
+        work, state.executor, lambda: None, stall_seconds=state.settings.client_stall_timeout
+    )
+    return StreamingResponse(stream, media_type=NDJSON)

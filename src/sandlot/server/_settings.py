@@ -9,7 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from sandlot import InvalidArgumentError
-from sandlot.policy import MiB, NetworkPolicy
+from sandlot.policy import MiB, NetworkPolicy, Resources
+
+TIMEOUT_CEILINGS = ("sandbox_timeout", "cell_timeout")
+"""Per-tenant ceilings that are not resources: seconds a sandbox may live, a cell run."""
+
+
+def check_ceilings(ceilings: Resources, where: str = "ceilings") -> None:
+    """A server never runs a sandbox without a limit: every ceiling must be set."""
+    missing = [name for name in Resources.__dataclass_fields__ if getattr(ceilings, name) is None]
+    if missing:
+        raise InvalidArgumentError(
+            f"{where}: {', '.join(missing)} must have a value on a server "
+            "(a tenant's request may ask for the ceiling or less, never for no limit)"
+        )
 
 
 def default_state_dir() -> Path:
@@ -52,7 +65,20 @@ class ServerSettings:
     idle_ttl: float = 600.0
     """Seconds a sandbox may go unused before the reaper kills it."""
     max_sandbox_timeout: float = 24 * 3600.0
-    """Largest ``timeout`` a client may ask for (and the timeout of ``timeout: null``)."""
+    """Largest ``timeout`` a client may ask for (and the timeout of ``timeout: null``).
+    A tenant's own ``sandbox_timeout`` ceiling (``sandlot keys create --ceiling``)
+    overrides it."""
+    client_stall_timeout: float = 60.0
+    """Seconds a client may read nothing of a cell's stream while the messages waiting
+    for it are at their bound (8 MiB) before the cell is cut (``ClientTooSlow``)."""
+    max_cell_timeout: float = 24 * 3600.0
+    """Largest timeout of one cell or command; a tenant's ``cell_timeout`` overrides it."""
+    ceilings: Resources = field(default_factory=Resources)
+    """The most of each resource a tenant's sandbox may have (``sandlot serve --ceiling``;
+    a tenant's own values from ``sandlot keys create --ceiling`` override them). A field
+    a request leaves out gets the ceiling; a value above it is refused (400), and so is
+    ``null``, which would mean no limit. Every field must be set. Default: sandlot's
+    defaults (``Resources()``)."""
     e2b_cell_timeout: float = 3600.0
     """Cell timeout on the E2B routes, whose client sends none (it bounds the wait itself
     and disconnects, which interrupts the cell)."""
@@ -91,6 +117,11 @@ class ServerSettings:
     egress row cap is also applied on every write)."""
 
     def __post_init__(self) -> None:
+        check_ceilings(self.ceilings)
+        for name in ("max_sandbox_timeout", "max_cell_timeout", "client_stall_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise InvalidArgumentError(f"{name} must be a positive number of seconds")
         if self.audit_max_age is not None and not self.audit_max_age > 0:
             raise InvalidArgumentError("audit_max_age must be positive (None: keep forever)")
         if self.audit_max_rows is not None and self.audit_max_rows < 1:

@@ -116,6 +116,16 @@ tenant_egress = sa.Table(
 server's: its sandboxes' policies must lie within both. No row: the server's alone.
 A table of its own, so databases made before it need no migration."""
 
+tenant_ceilings = sa.Table(
+    "tenant_ceilings",
+    _metadata,
+    sa.Column("tenant", sa.String(128), primary_key=True),
+    sa.Column("ceilings", sa.Text, nullable=False),
+)
+"""A tenant's own ceilings (JSON object: a ``Resources`` field, ``sandbox_timeout`` or
+``cell_timeout`` -> number), overriding the server's for that field. A table of its
+own, so databases made before it need no migration."""
+
 network_events = sa.Table(
     "network_events",
     _metadata,
@@ -470,6 +480,26 @@ class Store:
                 sa.select(tenant_egress.c.allow_out).where(tenant_egress.c.tenant == tenant)
             ).scalar()
         return None if value is None else [str(entry) for entry in json.loads(value)]
+
+    def set_tenant_ceilings(self, tenant: str, ceilings: Mapping[str, float]) -> None:
+        """Set some of ``tenant``'s own ceilings (the others stay as they were)."""
+        with self.engine.begin() as conn:
+            old = conn.execute(
+                sa.select(tenant_ceilings.c.ceilings).where(tenant_ceilings.c.tenant == tenant)
+            ).scalar()
+            merged = {**(json.loads(old) if old else {}), **ceilings}
+            conn.execute(tenant_ceilings.delete().where(tenant_ceilings.c.tenant == tenant))
+            conn.execute(
+                tenant_ceilings.insert().values(tenant=tenant, ceilings=json.dumps(merged))
+            )
+
+    def tenant_ceilings(self, tenant: str) -> dict[str, float]:
+        """The tenant's own ceilings ({} when only the server's apply)."""
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                sa.select(tenant_ceilings.c.ceilings).where(tenant_ceilings.c.tenant == tenant)
+            ).scalar()
+        return {} if value is None else {str(k): v for k, v in json.loads(value).items()}
 
     # --- network audit ------------------------------------------------------------------
     def network_event(self, event: Mapping[str, Any]) -> None:

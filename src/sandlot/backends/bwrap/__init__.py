@@ -136,7 +136,14 @@ class BwrapBackend(Backend):
         # OSError: the sandbox died at once; wait_ready reports it with bwrap's stderr.
         with contextlib.suppress(OSError):
             host_sock.sendall(encode(configure))
-        handle = BwrapHandle(host_sock, process, stderr_tail=tail, cgroup=group, egress=lease)
+        handle = BwrapHandle(
+            host_sock,
+            process,
+            stderr_tail=tail,
+            cgroup=group,
+            egress=lease,
+            resources=spec.resources,
+        )
         try:
             handle.wait_ready(START_TIMEOUT)
         except SandboxStartError as exc:

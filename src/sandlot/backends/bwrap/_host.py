@@ -43,7 +43,7 @@ from sandlot.backends._channel import ChannelHandle, SandboxProcess
 from sandlot.backends.bwrap import _seccomp
 from sandlot.backends.bwrap._compile import ETC_ENTRIES, HostLayout
 from sandlot.egress import EgressLease
-from sandlot.policy import SandboxSpec
+from sandlot.policy import Resources, SandboxSpec
 from sandlot.seccomp import DENIED, denied_names
 from sandlot.templates import Template, cache_dir
 
@@ -326,6 +326,7 @@ class BwrapHandle(ChannelHandle):
         cgroup: _cgroups.SandboxCgroup | None,
         egress: EgressLease | None = None,
         exit_reason: Callable[[int], str] | None = None,
+        resources: Resources | None = None,
     ) -> None:
         self._cgroup = cgroup
         self._egress = egress
@@ -335,6 +336,7 @@ class BwrapHandle(ChannelHandle):
             stderr_tail=stderr_tail,
             on_exit=self._release,
             exit_reason=exit_reason,
+            resources=resources,
         )
 
     def kill(self) -> None:

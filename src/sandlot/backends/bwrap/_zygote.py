@@ -224,6 +224,7 @@ class Zygote:
                 stderr_tail=lambda: "",
                 cgroup=group,
                 exit_reason=lambda code: "the sandbox exited",
+                resources=spec.resources,
             )
             failed.pop_all()
         handle.wait_ready(START_TIMEOUT)

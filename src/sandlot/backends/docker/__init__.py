@@ -326,6 +326,7 @@ class _ContainerBackend(Backend):
                 code, None if memory is None else memory + RUNNER_MEMORY_HEADROOM_MB
             ),
             egress=lease,
+            resources=spec.resources,
         )
         # A runner that cannot apply its limits says so ("fatal"): IsolationUnavailable.
         handle.wait_ready(START_TIMEOUT)
