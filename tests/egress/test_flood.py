@@ -1,5 +1,6 @@
 """A sandbox attacking the egress records: floods of refusals with huge names, and names
-that forge log lines. Real bwrap sandboxes on the module's proxy (see conftest.py).
+that forge log lines. Real bwrap and Docker sandboxes on the module's proxy (see
+conftest.py).
 
 The records must stay bounded (a rate limit per sandbox, aggregated "N more" records
 that keep the count) and every sandbox-chosen string in them and in the log must be
@@ -18,6 +19,7 @@ from flood_code import ASK, FLOOD, FLOOD_SECONDS, FORGED, INJECT
 
 from sandlot import NetworkEvent, NetworkPolicy, Sandbox
 from sandlot.backends.bwrap import BwrapBackend
+from sandlot.backends.docker import DockerBackend
 from sandlot.egress import EgressProxy
 
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
@@ -32,10 +34,17 @@ ESCAPED = FORGED.lower().replace("\n", "\\n").replace("\t", "\\t").replace("\x1b
 """The forged name as the records show it (the proxy lower-cases host names)."""
 
 
-@pytest.fixture
-def sandbox(proxy: EgressProxy) -> Iterator[Sandbox]:
+@pytest.fixture(
+    params=[
+        pytest.param(BwrapBackend, id="bwrap"),
+        pytest.param(DockerBackend, marks=pytest.mark.requires_docker, id="docker"),
+    ]
+)
+def sandbox(request: pytest.FixtureRequest, proxy: EgressProxy) -> Iterator[Sandbox]:
+    # The records are bounded in the host's proxy, which every backend's sandboxes reach
+    # through their own socket: a container's flood must be bounded the same way.
     network = NetworkPolicy(allow_out=("allowed.test",))
-    sbx = Sandbox(backend=BwrapBackend(egress=proxy), network=network, timeout=600)
+    sbx = Sandbox(backend=request.param(egress=proxy), network=network, timeout=600)
     try:
         yield sbx
     finally:

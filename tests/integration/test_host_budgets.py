@@ -99,7 +99,16 @@ print(json.dumps(report))
 """
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "zygote", "pool"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "bwrap",
+        "zygote",
+        "pool",
+        pytest.param("docker", marks=pytest.mark.requires_docker),
+        pytest.param("podman", marks=pytest.mark.requires_podman),
+    ],
+)
 def test_results_of_tiny_values_are_cut_before_the_host_parses_them(backend: str) -> None:
     limit = RESULT_MIB * MiB
     hostile = textwrap.dedent(HOSTILE).format(limit=limit, count=RESULTS)
