@@ -77,7 +77,7 @@ def check_bounds_and_retention(url: str) -> None:
     store = Store(url, audit_max_age=86400, audit_max_rows=10)
     try:
         store.create_key("alice", TenantQuotas(None, None, None))
-        store.sandbox_started("box", "alice", "python-data", None, None)
+        store.sandbox_started("box", "alice", "python-data")
         store.network_events([event("box", HOSTILE, now, reason=HOSTILE * 20, method=HOSTILE)])
         (row,) = store.query_network(sandbox_id="box")
         assert row["tenant"] == "alice"
