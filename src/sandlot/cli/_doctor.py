@@ -94,18 +94,13 @@ def doctor_report() -> dict[str, Any]:
         for key, value in probe.details.items():
             checks.append(_check(f"  {probe.name}: {key}", "info", value))
     if os.geteuid() == 0:
-        from sandlot.backends.bwrap._host import drop_to
-
-        try:
-            drop = drop_to()
-            running = (
-                f"root; sandboxes run as unprivileged host uid {drop[0] if drop else '?'} "
-                "with no capabilities (SANDLOT_HOST_UID)"
-            )
-        except Exception as exc:  # a bad SANDLOT_HOST_UID: report, don't crash the report
-            running = f"root; {exc}"
+        # The range (or what is missing) is in the bwrap backend's probe above.
+        running = "root; each sandbox runs as an unprivileged host uid of its own, no capabilities"
     else:
-        running = f"uid {os.geteuid()}; sandboxes run as this uid, with no capabilities"
+        running = (
+            f"uid {os.geteuid()}; sandboxes run as this uid, with no capabilities, and share "
+            "its per-user kernel quotas (SECURITY.md)"
+        )
     checks.append(_check("running as", "info", running))
     version, detail = cgroup_version()
     checks.append(_check("cgroup hierarchy", "info", detail))

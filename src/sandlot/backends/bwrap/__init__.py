@@ -27,7 +27,7 @@ from sandlot.backends.bwrap._host import (
     StderrTail,
     bwrap_path,
     cgroup_for,
-    drop_to,
+    host_ids,
     host_layout,
     probe_host,
     say,
@@ -75,11 +75,16 @@ class BwrapBackend(Backend):
                 cleanup.callback(group.close_fds)
                 failed = cleanup.enter_context(contextlib.ExitStack())
                 failed.callback(group.destroy)
+            # This sandbox's own host uid/gid (as root): given back when it ends.
+            ids = host_ids()
+            drop = ids.pair if ids is not None else None
+            if ids is not None:
+                failed_ids = cleanup.enter_context(contextlib.ExitStack())
+                failed_ids.callback(ids.release)
             program_fd = _seccomp.program_fd()
             cleanup.callback(os.close, program_fd)
             host_sock, child_sock = socket.socketpair()
             cleanup.callback(child_sock.close)
-            drop = drop_to()
             lease: EgressLease | None = None
             if spec.network.enabled:
                 # Its own socket on the shared proxy; closed with the sandbox.
@@ -115,6 +120,8 @@ class BwrapBackend(Backend):
                 failed.pop_all()  # from here on the handle owns the cgroup
             if lease is not None:
                 unleash.pop_all()  # and the egress lease
+            if ids is not None:
+                failed_ids.pop_all()  # and the host ids
         assert process.stderr is not None
         tail = StderrTail(process.stderr)
         config = runner_config(spec, fd, cgroup_limits=group is not None)
@@ -122,7 +129,9 @@ class BwrapBackend(Backend):
         # OSError: the sandbox died at once; wait_ready reports it with bwrap's stderr.
         with contextlib.suppress(OSError):
             host_sock.sendall(encode(configure))
-        handle = BwrapHandle(host_sock, process, stderr_tail=tail, cgroup=group, egress=lease)
+        handle = BwrapHandle(
+            host_sock, process, stderr_tail=tail, cgroup=group, egress=lease, ids=ids
+        )
         try:
             handle.wait_ready(START_TIMEOUT)
         except SandboxStartError as exc:
