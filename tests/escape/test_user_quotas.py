@@ -12,12 +12,14 @@ still get their own (SECURITY.md, "Per-user kernel quotas").
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from escape_helpers import is_container, is_gvisor
 
 from sandlot import Resources, Sandbox
 
@@ -89,20 +91,33 @@ def _json(sbx: Sandbox, code: str) -> Any:
     return json.loads("".join(execution.logs.stdout).strip().splitlines()[-1])
 
 
+def _shares_a_host_uid(sbx: Sandbox) -> str | None:
+    """Why ``sbx`` shares its host uid with other sandboxes, where sandlot documents it."""
+    if is_container(sbx) and not is_gvisor(sbx):
+        return "runc/crun containers all run as host uid 1000 (SECURITY.md, containers)"
+    if sbx._core.backend.name == "bwrap" and os.geteuid() != 0:
+        return "as an ordinary user, every cold sandbox runs as that user (SECURITY.md)"
+    return None
+
+
 def test_one_sandbox_cannot_use_up_anothers_inotify_and_mq_quota(
-    make_sandbox: Callable[..., Sandbox],
+    make_sandbox: Callable[..., Sandbox], request: pytest.FixtureRequest
 ) -> None:
     running = make_sandbox(resources=RESOURCES)
     hog = make_sandbox(resources=RESOURCES)
+    reason = _shares_a_host_uid(hog)
+    if reason is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     for sbx in (running, hog):
         _json(sbx, SETUP + "print(1)")
-    # Positive control: the hog really reaches a quota (not some other limit).
     inotify = _json(hog, HOG_INOTIFY % (MAX_INSTANCES + 1))
-    assert inotify["stopped_by"] == "EMFILE", inotify
     queues = _json(hog, HOG_MQ)
-    assert queues["held"] >= 1 and queues["stopped_by"] == "EMFILE", queues
-    # Still its own: the hog is refused one more of each.
-    assert _json(hog, TRY) == {"inotify": "EMFILE", "mq": "EMFILE"}
+    if not is_gvisor(hog):  # gVisor's own kernel has no per-user limit on either
+        # Positive control: the hog really reaches a quota (not some other limit), and
+        # is refused one more of each.
+        assert inotify["stopped_by"] == "EMFILE", inotify
+        assert queues["held"] >= 1 and queues["stopped_by"] == "EMFILE", queues
+        assert _json(hog, TRY) == {"inotify": "EMFILE", "mq": "EMFILE"}
     new = make_sandbox(resources=RESOURCES)
     _json(new, SETUP + "print(1)")
     assert _json(running, TRY) == {"inotify": "ok", "mq": "ok"}, "a running sandbox"

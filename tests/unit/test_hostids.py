@@ -22,6 +22,7 @@ from sandlot.backends._hostids import (
     HostIdRange,
     HostIdsExhausted,
     configured_range,
+    uids_in_use,
 )
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -86,6 +87,18 @@ def test_the_real_process_table_is_read(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts a process as another uid")
+def test_a_zombie_does_not_pin_its_uid() -> None:
+    # Some inits reap slowly or never; a zombie runs nothing and holds no descriptors.
+    child = subprocess.Popen(["true"], user=FIRST, group=FIRST)
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+        assert Path(f"/proc/{child.pid}/status").read_text().count("State:\tZ") == 1
+        assert FIRST not in uids_in_use()
+    finally:
+        child.wait()
 
 
 HOLDER = """

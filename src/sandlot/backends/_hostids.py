@@ -56,7 +56,7 @@ RANGE_FIX = (
     f"delegate a range of host uids and gids to sandlot, one per live sandbox: "
     f"`usermod --add-subuids 100000-165535 --add-subgids 100000-165535 root` (or the line "
     f"`root:100000:65536` in both {SUBUID} and {SUBGID}), or set "
-    f"{RANGE_ENV}=FIRST-LAST to ids no account uses"
+    f"{RANGE_ENV}=FIRST-LAST to ids no account or group uses"
 )
 
 
@@ -282,7 +282,10 @@ class HostIdAllocator:
 
 
 def uids_in_use() -> set[int]:
-    """Every real, effective, saved and file-system uid of every process on the host."""
+    """Every real, effective, saved and file-system uid of every live process on the host.
+
+    Zombies are left out: they run nothing and hold no descriptors, and an init that
+    reaps slowly (some container inits never do) would otherwise pin their uids."""
     found: set[int] = set()
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc"):
@@ -290,11 +293,15 @@ def uids_in_use() -> set[int]:
                 continue
             try:
                 with open(f"/proc/{name}/status", "rb") as handle:
+                    uids: list[int] = []
                     for line in handle:
-                        if line.startswith(b"Uid:"):
-                            found.update(int(x) for x in line.split()[1:])
+                        if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
                             break
-            except (OSError, ValueError):
+                        if line.startswith(b"Uid:"):
+                            uids = [int(x) for x in line.split()[1:]]
+                            break
+                    found.update(uids)
+            except (OSError, ValueError, IndexError):
                 continue  # exited meanwhile
     return found
 

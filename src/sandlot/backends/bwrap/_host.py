@@ -147,31 +147,35 @@ def probe_host() -> Probe:
         "/usr/bin/true",
     ]
     ids = None
+    drop = None
     try:
-        # As a uid sandboxes will run as (root gives each its own unprivileged one).
         if os.geteuid() == 0:
+            # As a uid sandboxes will run as (root gives each its own unprivileged one).
+            # Without a usable range the probe still tests bwrap (as nobody) and passes:
+            # bwrap works, and every start refuses with the fix (IsolationUnavailable)
+            # rather than "auto" quietly picking another backend.
             try:
                 id_range = _hostids.configured_range()
+                details["sandbox host ids"] = f"one pair per live sandbox: {id_range.describe()}"
+                ids = host_ids()
+                drop = ids.pair if ids is not None else None
             except IsolationUnavailable as exc:
-                return Probe("bwrap", False, str(exc), _hostids.RANGE_FIX, 10, details)
-            details["sandbox host ids"] = f"one pair per live sandbox: {id_range.describe()}"
-        ids = host_ids()
+                details["sandbox host ids"] = f"UNAVAILABLE, sandboxes will not start: {exc}"
+                drop = (PROBE_UID, PROBE_UID)
         result = subprocess.run(
             argv,
             capture_output=True,
             text=True,
             timeout=20,
             env={},
-            preexec_fn=Enter((), ids.pair if ids else None),
+            preexec_fn=Enter((), drop),
         )
-    except (OSError, subprocess.SubprocessError, IsolationUnavailable) as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         fix = HOST_FIX
-        if isinstance(exc, IsolationUnavailable):
-            fix = _hostids.RANGE_FIX
-        elif ids is not None and isinstance(exc, subprocess.SubprocessError):
+        if drop is not None and isinstance(exc, subprocess.SubprocessError):
             fix = (
                 f"sandlot runs as root here and starts each sandbox as a host uid of its own "
-                f"(this one: {ids.uid}), but could not switch to it (is this a user namespace "
+                f"(this one: {drop[0]}), but could not switch to it (is this a user namespace "
                 f"without those uids mapped?); delegate ids that exist here: "
                 f"{_hostids.RANGE_FIX}"
             )
@@ -409,6 +413,10 @@ class Enter:
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
+
+
+PROBE_UID = 65534
+"""``nobody``: what the probe runs its throwaway sandbox as when no range is delegated."""
 
 
 def host_ids() -> _hostids.HostIds | None:
