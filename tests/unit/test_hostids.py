@@ -78,6 +78,39 @@ def test_a_uid_some_process_still_runs_as_is_skipped(tmp_path: Path) -> None:
         alloc.acquire()
 
 
+@pytest.mark.parametrize("child_releases", [True, False])
+def test_a_forked_child_neither_keeps_nor_gives_back_its_parents_pair(
+    tmp_path: Path, child_releases: bool
+) -> None:
+    # A child forked from the SDK's process shares each lock's open file description:
+    # its release (an atexit handler) must not free the parent's uid, and its copy of
+    # the descriptor (a long-lived worker) must not keep the uid after the parent's.
+    alloc = _allocator(tmp_path, count=1)
+    held = alloc.acquire()
+    to_parent_r, to_parent_w = os.pipe()
+    to_child_r, to_child_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if child_releases:
+                held.release()
+            os.write(to_parent_w, b"ready")
+            os.read(to_child_r, 1)  # lives on until the parent has checked
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(to_parent_r, 8) == b"ready"
+        with pytest.raises(HostIdsExhausted):
+            alloc.acquire()  # still the parent's
+        held.release()  # while the child still lives
+        assert alloc.acquire().uid == FIRST
+    finally:
+        os.write(to_child_w, b"x")
+        os.waitpid(pid, 0)
+        for fd in (to_parent_r, to_parent_w, to_child_r, to_child_w):
+            os.close(fd)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="starts a process as another uid")
 def test_the_real_process_table_is_read(tmp_path: Path) -> None:
     sleeper = subprocess.Popen(["sleep", "600"], user=FIRST, group=FIRST)

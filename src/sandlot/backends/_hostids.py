@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import grp
 import itertools
 import os
 import pwd
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandlot._exceptions import IsolationUnavailable
@@ -132,7 +133,11 @@ def _sub_entry(path: str) -> tuple[int, int] | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
 def _check(id_range: HostIdRange) -> None:
+    """Refuse a range that contains id 0 or an account's or group's id. Once per range
+    and process: enumerating accounts can be slow (directory services), and this runs
+    before every sandbox start."""
     where = id_range.source
     if id_range.count < MIN_COUNT:
         raise IsolationUnavailable(
@@ -170,6 +175,7 @@ class HostIds:
     uid: int
     gid: int
     _fd: int | None
+    _owner: int = field(default_factory=os.getpid)
 
     @property
     def pair(self) -> tuple[int, int]:
@@ -179,10 +185,17 @@ class HostIds:
         """Give the ids back. Call only when no process of the sandbox is left.
         Idempotent."""
         fd, self._fd = self._fd, None
-        if fd is not None:
+        if fd is None:
+            return
+        if os.getpid() == self._owner:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
-            os.close(fd)  # drops the flock: the uid is free
+            # Explicitly: a child forked from this process shares the lock (one open
+            # file description) and would otherwise keep the uid held while it lives.
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        # In a forked child (atexit handlers, finalizers): only our copy of the
+        # descriptor goes; the lock stays with the process that owns the sandbox.
+        os.close(fd)
 
 
 class HostIdAllocator:
