@@ -203,3 +203,30 @@ def test_no_usable_range_is_a_refusal_that_names_the_fix(
 
 def _start(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+@pytest.mark.parametrize("raise_limits", [True, False])
+def test_a_zygote_splits_its_uids_quotas_into_shares(raise_limits: bool) -> None:
+    import resource
+
+    from sandlot.backends.bwrap._zygote import INOTIFY_SHARE, shares
+
+    got = shares(raise_limits)
+    instances = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    slots = max(2, instances // INOTIFY_SHARE)
+    assert got.sandboxes == slots - 1  # one share kept back
+    assert got.user["max_inotify_instances"] * slots <= instances
+    assert got.user["max_user_namespaces"] == 0
+    for name, which in (
+        ("msgqueue", resource.RLIMIT_MSGQUEUE),
+        ("sigpending", resource.RLIMIT_SIGPENDING),
+    ):
+        soft, hard = resource.getrlimit(which)
+        if raise_limits:  # each sandbox what a cold one gets; the zygote room for all
+            assert (which, got.rlimits[name] * slots) in got.zygote_rlimits
+            if soft != resource.RLIM_INFINITY:
+                assert got.rlimits[name] == soft
+        else:  # the zygote's own limit, divided
+            assert got.zygote_rlimits == ()
+            if hard != resource.RLIM_INFINITY:
+                assert got.rlimits[name] * slots <= hard
