@@ -8,6 +8,7 @@ those uids would need root.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from sandlot.backends._hostids import (
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 # Far above any account on a test host (checked by configured_range, not here).
 FIRST = 3_000_000_000
+ACCOUNT = min(entry.pw_uid for entry in pwd.getpwall() if entry.pw_uid > 0)
+"""The uid of some account on this host (daemon, bin, ...)."""
 
 
 def _allocator(tmp_path: Path, count: int = 3, busy: set[int] | None = None) -> HostIdAllocator:
@@ -186,7 +189,7 @@ def test_the_range_comes_from_the_environment_or_roots_subordinate_ids(tmp_path:
         ({"SANDLOT_HOST_IDS": "lots"}, "", "is not FIRST-LAST"),
         ({"SANDLOT_HOST_IDS": "0-100"}, "", "includes id 0"),
         ({"SANDLOT_HOST_IDS": "3000000000-3000000000"}, "", "at least 2"),
-        ({"SANDLOT_HOST_IDS": f"{os.getuid()}-{os.getuid() + 1}"}, "", "which account"),
+        ({"SANDLOT_HOST_IDS": f"{ACCOUNT}-{ACCOUNT + 1}"}, "", "which account"),
     ],
 )
 def test_no_usable_range_is_a_refusal_that_names_the_fix(
@@ -194,8 +197,6 @@ def test_no_usable_range_is_a_refusal_that_names_the_fix(
 ) -> None:
     (tmp_path / "subuid").write_text(subuid)
     (tmp_path / "subgid").write_text(subuid)
-    if message == "which account" and os.getuid() == 0:
-        env = {"SANDLOT_HOST_IDS": "1-2"}  # bin, daemon or similar on every Linux host
     with pytest.raises(IsolationUnavailable, match=message) as caught:
         configured_range(env, str(tmp_path / "subuid"), str(tmp_path / "subgid"))
     assert "Fix" in str(caught.value) or "FIRST-LAST" in str(caught.value)
