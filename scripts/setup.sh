@@ -5,6 +5,8 @@
 #   2. .venv with sandlot and its dev tools
 #   3. the default template (python-data), built once into the cache
 #      (/var/cache/sandlot as root, else ~/.cache/sandlot)
+#   4. as root: a range of host uids and gids for sandboxes (one pair per live sandbox),
+#      delegated to root in /etc/subuid and /etc/subgid, unless root has one already
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +31,20 @@ if [ ${#missing[@]} -gt 0 ]; then
         echo "    sudo apt-get install -y ${missing[*]}" >&2
         exit 1
     fi
+fi
+
+if [ "$(id -u)" -eq 0 ] && ! { grep -qE '^(root|0):' /etc/subuid && grep -qE '^(root|0):' /etc/subgid; } 2>/dev/null; then
+    # As root, sandlot starts each sandbox as a host uid of its own (the kernel's per-user
+    # quotas, such as inotify instances, are then per sandbox) and refuses to start
+    # sandboxes without a delegated range. 100000-165535 is the conventional first range.
+    if getent passwd | awk -F: '$3>=100000 && $3<=165535 {found=1} END {exit !found}' \
+        || getent group | awk -F: '$3>=100000 && $3<=165535 {found=1} END {exit !found}'; then
+        echo "ids 100000-165535 are taken here: delegate another free range to root" >&2
+        echo "(usermod --add-subuids FIRST-LAST --add-subgids FIRST-LAST root)" >&2
+        exit 1
+    fi
+    log "delegating host ids 100000-165535 to root for sandboxes (/etc/subuid, /etc/subgid)"
+    usermod --add-subuids 100000-165535 --add-subgids 100000-165535 root
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Run the escape suite and the whole-sandbox limit tests as an ordinary, unprivileged user.
 #
-# sandlot supports two ways of running: as root (sandboxes then run as host uid nobody)
-# and as a normal user on a host that allows unprivileged user namespaces. The main
-# test run covers root; this covers the other. Must be started as root, because it
-# creates the user and gives it what a host administrator would: a delegated cgroup
-# subtree (SANDLOT_CGROUP_ROOT) so its sandboxes get exact limits too.
+# sandlot supports two ways of running: as root (each sandbox then runs as a host uid of
+# its own, from the range delegated in /etc/subuid) and as a normal user on a host that
+# allows unprivileged user namespaces. The main test run covers root; this covers the
+# other. Must be started as root, because it creates the user and gives it what a host
+# administrator would: a delegated cgroup subtree (SANDLOT_CGROUP_ROOT) so its sandboxes
+# get exact limits too.
 #
 # The user gets its own copy of the checkout and its own venv (a checkout under /root is
 # not readable by other users), and reads the root-built template from the shared cache.

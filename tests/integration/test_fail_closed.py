@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,57 @@ def test_a_zygote_sandbox_that_cannot_apply_a_limit_refuses_too() -> None:
     message = str(caught.value)
     assert "nofile" in message and "hard limit" in message
     assert "ulimit -H" in message
+
+
+ROOT_ONLY = pytest.mark.skipif(
+    os.geteuid() != 0, reason="host uids per sandbox are what sandlot does as root"
+)
+
+
+@ROOT_ONLY
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_template
+@pytest.mark.parametrize("backend", ["bwrap", "zygote"])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SANDLOT_HOST_UID": "65534"},  # the old single shared uid
+        {"SANDLOT_HOST_IDS": "0-65535"},  # would include root
+    ],
+    ids=["shared-uid", "range-with-root"],
+)
+def test_no_usable_host_id_range_refuses_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, backend: str, env: dict[str, str]
+) -> None:
+    import sandlot
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(sandlot.IsolationUnavailable, match="usermod --add-subuids"):
+        sandlot.Sandbox(backend=backend, timeout=None)
+
+
+@ROOT_ONLY
+@pytest.mark.requires_bwrap
+@pytest.mark.requires_template
+def test_a_full_host_id_range_refuses_until_a_sandbox_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import sandlot
+    from sandlot.backends._hostids import HostIdsExhausted
+
+    # Two ids no account uses, and a lock directory of this test's own.
+    monkeypatch.setenv("SANDLOT_HOST_IDS", "2000000000-2000000001")
+    monkeypatch.setenv("SANDLOT_HOST_IDS_DIR", str(tmp_path))
+    first = sandlot.Sandbox(timeout=None)
+    second = sandlot.Sandbox(timeout=None)
+    try:
+        with pytest.raises(HostIdsExhausted, match="all 2 host uids"):
+            sandlot.Sandbox(timeout=None)
+        first.kill()
+        third = sandlot.Sandbox(timeout=None)
+        assert third.run_code("import os; os.getuid()").text == "1000"
+        third.kill()
+    finally:
+        first.kill()
+        second.kill()

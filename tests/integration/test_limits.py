@@ -20,6 +20,12 @@ import pytest
 import sandlot
 from sandlot import Sandbox
 from sandlot.backends import _cgroups
+from sandlot.backends._hostids import (
+    DEFAULT_LOCK_DIR,
+    LOCK_DIR_ENV,
+    HostIdAllocator,
+    configured_range,
+)
 from sandlot.policy import MiB
 
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
@@ -175,7 +181,10 @@ def test_root_is_not_root_outside(fresh_sandbox: Sandbox) -> None:
     assert handle is not None
     members = _cgroup_of(fresh_sandbox).pids()
     owners = {os.stat(f"/proc/{pid}").st_uid for pid in members if os.path.exists(f"/proc/{pid}")}
-    assert owners == {65534}, owners  # every sandbox process is host uid nobody
+    ids = handle._host_ids  # type: ignore[attr-defined]
+    assert owners == {ids.uid}, owners  # every sandbox process is the sandbox's own host uid
+    id_range = configured_range()
+    assert 0 < id_range.first_uid <= ids.uid < id_range.first_uid + id_range.count
     status = fresh_sandbox.run_code(
         "print(open('/proc/self/status').read())", timeout=30
     ).logs.stdout
@@ -183,6 +192,29 @@ def test_root_is_not_root_outside(fresh_sandbox: Sandbox) -> None:
     assert "CapEff:\t0000000000000000" in text
     assert "CapPrm:\t0000000000000000" in text
     assert "Seccomp:\t2" in text
+
+
+def test_each_sandbox_is_a_host_uid_of_its_own_until_it_ends(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("as an ordinary user every sandbox runs as that user (SECURITY.md)")
+    first, second = make_sandbox(), make_sandbox()
+    uids = []
+    for sbx in (first, second):
+        group = _cgroup_of(sbx)
+        owners = {
+            os.stat(f"/proc/{pid}").st_uid for pid in group.pids() if os.path.exists(f"/proc/{pid}")
+        }
+        assert len(owners) == 1, owners
+        uids.append(owners.pop())
+    assert uids[0] != uids[1]
+    lock_dir = os.environ.get(LOCK_DIR_ENV) or DEFAULT_LOCK_DIR
+    holders = HostIdAllocator(configured_range(), lock_dir).holders()
+    assert {uids[0], uids[1]} <= set(holders)
+    first.kill()
+    holders = HostIdAllocator(configured_range(), lock_dir).holders()
+    assert uids[0] not in holders and uids[1] in holders
 
 
 OUTER_CHILD = textwrap.dedent(

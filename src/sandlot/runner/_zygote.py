@@ -21,7 +21,8 @@ packet)::
     host   -> zygote  {"type": "configure", "preload": [...]}
     zygote -> host    {"type": "ready", "version": PROTOCOL_VERSION, "vm_bytes": ...}
     host   -> zygote  {"type": "spawn", "id": ..., "mounts": [[path, bytes|null, mode]],
-                       "hostname": ...}  + SCM_RIGHTS: the new sandbox's channel
+                       "hostname": ..., "quotas": {"user": {name: n}, "rlimits": {name: n}}}
+                      + SCM_RIGHTS: the new sandbox's channel
     zygote -> host    {"type": "spawned", "id": ...} | {"type": "failed", "id": ..., "message": ...}
 
 What one ``spawn`` does, in the new sandbox's first process (its pid 1):
@@ -31,13 +32,25 @@ What one ``spawn`` does, in the new sandbox's first process (its pid 1):
 2. a private tmpfs at every writable place (``/home/user``, ``/tmp``, ``/dev/shm``),
    its own ``/dev/pts`` instance, a new ``/proc`` for the new pid namespace (with
    bubblewrap's read-only covers), the hostname, loopback up;
-3. says who it is on the channel with SCM_CREDENTIALS, so the host learns its pid as
+3. a user namespace of its own, nested in the zygote's, mapping only uid/gid 1000,
+   with this sandbox's share of the kernel's per-user quotas (see below);
+4. says who it is on the channel with SCM_CREDENTIALS, so the host learns its pid as
    the host sees it (the kernel translates it; the sandbox cannot lie about it) and
    moves it into the sandbox's own cgroup before it answers with ``configure``;
-4. a new cgroup namespace (rooted at that cgroup), then every capability dropped
+5. a new cgroup namespace (rooted at that cgroup), then every capability dropped
    (bounding, ambient, permitted, effective, inheritable) and the full sandbox seccomp
    filter installed on top of the zygote's (no_new_privs is already set);
-5. becomes the supervisor, and forks the default kernel from itself.
+6. becomes the supervisor, and forks the default kernel from itself.
+
+Per-user quotas. Every sandbox a zygote forks runs as the zygote's host uid, and the
+kernel charges some resources to the host uid that created the outermost user
+namespace, whatever uid a process switches to below it: inotify instances and watches
+(``fs.inotify.max_user_*``), message queue bytes, pending signals. Forks of one zygote
+therefore share one budget, and each gets a fixed share of it instead: the limits of
+its own user namespace (``/proc/sys/user/max_inotify_*``, which the kernel checks at
+every level) and its rlimits (``RLIMIT_MSGQUEUE``, ``RLIMIT_SIGPENDING``, counted per
+user namespace). The host sizes the shares and forks no more sandboxes than there are
+shares (more start cold, as a uid of their own).
 
 Nothing of the zygote stays reachable: the control socket and every other descriptor
 are closed first, the zygote's processes are in a pid namespace the sandbox cannot
@@ -54,6 +67,7 @@ import gc
 import importlib
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -69,6 +83,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
@@ -94,6 +109,10 @@ IFF_UP = 1
 PROC_COVERS = ("sys", "sysrq-trigger", "irq", "bus")
 """What bubblewrap mounts read-only over a sandbox's /proc; a zygote child does the same."""
 MAX_PACKET = 1 << 16
+RLIMITS = {"msgqueue": resource.RLIMIT_MSGQUEUE, "sigpending": resource.RLIMIT_SIGPENDING}
+"""The rlimits a spawn request may set (soft and hard) in the new sandbox."""
+USER_LIMITS = ("max_inotify_instances", "max_inotify_watches", "max_user_namespaces")
+"""The ``/proc/sys/user`` limits a spawn request may set in the sandbox's user namespace."""
 
 
 class _SockFprog(ctypes.Structure):
@@ -314,6 +333,7 @@ def _serve(
     rid = request.get("id")
     mounts = [(str(p), None if s is None else int(s), str(m)) for p, s, m in request["mounts"]]
     hostname = str(request.get("hostname") or "sandlot")
+    quotas = _quotas(request.get("quotas"))
     # The next fork lands in a new pid namespace as its pid 1; then back to our own,
     # or the next unshare would fail (only allowed while they are the same).
     _check(_libc.unshare(CLONE_NEWPID), "unshare pid namespace")
@@ -330,13 +350,26 @@ def _serve(
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             control.close()
-            code = _child(fds[0], mounts, hostname, program)
+            code = _child(fds[0], mounts, hostname, program, quotas)
         except BaseException as exc:
             with contextlib.suppress(BaseException):
                 os.write(2, ("sandlot zygote: sandbox setup failed: %r\n" % (exc,)).encode())
         os._exit(code)
     _back_to(own_pid_ns)
     control.send(json.dumps({"type": "spawned", "id": rid}).encode())
+
+
+def _quotas(value: Any) -> Dict[str, Dict[str, int]]:
+    """A spawn request's quotas, checked: known names, non-negative integers."""
+    if not isinstance(value, dict):
+        raise ValueError("a spawn request needs the sandbox's quotas")
+    user = {str(k): int(v) for k, v in dict(value.get("user") or {}).items()}
+    rlimits = {str(k): int(v) for k, v in dict(value.get("rlimits") or {}).items()}
+    if not set(user) <= set(USER_LIMITS) or not set(rlimits) <= set(RLIMITS):
+        raise ValueError("unknown quota in %r" % (value,))
+    if min([*user.values(), *rlimits.values(), 0]) < 0:
+        raise ValueError("negative quota in %r" % (value,))
+    return {"user": user, "rlimits": rlimits}
 
 
 def _back_to(own_pid_ns: int) -> None:
@@ -349,13 +382,19 @@ def _back_to(own_pid_ns: int) -> None:
 # --- a new sandbox ------------------------------------------------------------------------
 
 
-def _child(channel_fd: int, mounts: List[Any], hostname: str, program: bytes) -> int:
+def _child(
+    channel_fd: int,
+    mounts: List[Any],
+    hostname: str,
+    program: bytes,
+    quotas: Dict[str, Dict[str, int]],
+) -> int:
     """The sandbox's pid 1, just forked into its new pid namespace: the other new
     namespaces, then :func:`_sandbox_init`."""
     _close_all_but({0, 1, 2, channel_fd})
     try:
         _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-        return _sandbox_init(channel_fd, mounts, hostname, program)
+        return _sandbox_init(channel_fd, mounts, hostname, program, quotas)
     except SetupFailed as exc:
         os.write(2, ("sandlot zygote: cannot isolate the sandbox: %s\n" % exc).encode())
         return 70
@@ -369,7 +408,13 @@ def _close_all_but(keep: "set[int]") -> None:
                 os.close(fd)
 
 
-def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: bytes) -> int:
+def _sandbox_init(
+    channel_fd: int,
+    mounts: List[Any],
+    hostname: str,
+    program: bytes,
+    quotas: Dict[str, Dict[str, int]],
+) -> int:
     """The sandbox's pid 1: private file systems, identity, cgroup, then no privileges."""
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -385,6 +430,9 @@ def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: by
         "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620"
     )
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # Opened before /proc/sys is covered read-only: the one way to set the limits of
+    # the user namespace made below (writable to its owner, until it drops CAP_SYS_RESOURCE).
+    sysctl_fd = os.open("/proc/sys", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     for name in PROC_COVERS:
         path = "/proc/" + name
         if os.path.exists(path):
@@ -400,6 +448,10 @@ def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: by
     _loopback_up()
     # The working directory was the zygote's /home/user, now hidden under the new one.
     os.chdir(os.environ.get("HOME", HOME))
+    try:
+        _own_user_namespace(sysctl_fd, quotas)
+    finally:
+        os.close(sysctl_fd)
     sock = socket.socket(fileno=channel_fd)
     # Who we are, in credentials the kernel checks and translates into the host's pid
     # namespace; the host moves that pid into the sandbox's cgroup, then configures us.
@@ -417,6 +469,39 @@ def _sandbox_init(channel_fd: int, mounts: List[Any], hostname: str, program: by
     _drop_privileges(program)
     set_cmdline([*_COMMAND, "supervisor", "--fd", str(channel_fd)])
     return _supervisor.run(sock, reader, config, fork_kernel=True)
+
+
+def _own_user_namespace(sysctl_fd: int, quotas: Dict[str, Dict[str, int]]) -> None:
+    """A user namespace of the sandbox's own, below the zygote's, with its share of the
+    per-user quotas (module docstring). Every later namespace and capability is its."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(CLONE_NEWUSER), "unshare user namespace")
+    # Only the owner of a dumpable process may write its id maps. Nothing else can name
+    # this process meanwhile: it is pid 1 of a pid namespace no other sandbox sees.
+    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    try:
+        for name, text in (
+            ("uid_map", "%d %d 1\n" % (uid, uid)),
+            ("setgroups", "deny"),
+            ("gid_map", "%d %d 1\n" % (gid, gid)),
+        ):
+            with open("/proc/self/" + name, "w") as handle:
+                handle.write(text)
+    finally:
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    for name, value in sorted(quotas["user"].items()):
+        # Resolved now, so in this user namespace (the kernel picks the table by the
+        # caller's), through the /proc mount the read-only cover does not hide.
+        fd = os.open("user/" + name, os.O_WRONLY | os.O_CLOEXEC, dir_fd=sysctl_fd)
+        try:
+            os.write(fd, b"%d" % value)
+        finally:
+            os.close(fd)
+        with open("/proc/sys/user/" + name) as handle:
+            if int(handle.read()) != value:
+                raise SetupFailed("user.%s did not take its value" % name)
+    for name, value in sorted(quotas["rlimits"].items()):
+        resource.setrlimit(RLIMITS[name], (value, value))
 
 
 def _loopback_up() -> None:

@@ -29,7 +29,7 @@ from sandlot.backends.bwrap._host import (
     StderrTail,
     bwrap_path,
     cgroup_for,
-    drop_to,
+    host_ids,
     host_layout,
     probe_host,
     say,
@@ -89,11 +89,16 @@ class BwrapBackend(Backend):
                 cleanup.callback(group.close_fds)
                 failed = cleanup.enter_context(contextlib.ExitStack())
                 failed.callback(group.destroy)
+            # This sandbox's own host uid/gid (as root): given back when it ends.
+            ids = host_ids()
+            drop = ids.pair if ids is not None else None
+            if ids is not None:
+                failed_ids = cleanup.enter_context(contextlib.ExitStack())
+                failed_ids.callback(ids.release)
             program_fd = _seccomp.program_fd()
             cleanup.callback(os.close, program_fd)
             host_sock, child_sock = socket.socketpair()
             cleanup.callback(child_sock.close)
-            drop = drop_to()
             lease: EgressLease | None = None
             if spec.network.enabled:
                 # Its own socket on the shared proxy; closed with the sandbox.
@@ -129,6 +134,8 @@ class BwrapBackend(Backend):
                 failed.pop_all()  # from here on the handle owns the cgroup
             if lease is not None:
                 unleash.pop_all()  # and the egress lease
+            if ids is not None:
+                failed_ids.pop_all()  # and the host ids
         assert process.stderr is not None
         tail = StderrTail(process.stderr)
         config = runner_config(spec, fd, cgroup_limits=group is not None)
@@ -143,6 +150,7 @@ class BwrapBackend(Backend):
             cgroup=group,
             egress=lease,
             resources=spec.resources,
+            ids=ids,
         )
         try:
             handle.wait_ready(START_TIMEOUT)

@@ -26,7 +26,7 @@ What the argv sets up (see SECURITY.md for what it does *not* guarantee):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sandlot.backends._runner_config import egress_env
 from sandlot.backends._runner_config import runner_config as shared_runner_config
@@ -206,10 +206,15 @@ def build_zygote_argv(
     ``spec`` (its template, no network), plus :data:`ZYGOTE_CAPS`, running the zygote
     role. ``layout.seccomp_fd`` holds the zygote's own filter
     (:func:`sandlot.seccomp.zygote_denials`), ``children_filter_fd`` the full one every
-    sandbox it forks installs before it runs anything."""
+    sandbox it forks installs before it runs anything.
+
+    Without ``--disable-userns``: the zygote gives each sandbox it forks a user
+    namespace of its own (where that sandbox's share of the per-user kernel quotas is
+    set); each sets its own ``user.max_user_namespaces`` to 0, and the full filter
+    refuses new namespaces anyway."""
     if spec.network.enabled:
         raise ValueError("a zygote has no network; sandboxes with a policy start cold")
-    argv = build_argv(spec, layout, bwrap)
+    argv = build_argv(spec, replace(layout, disable_userns=False), bwrap)
     boundary = argv[: argv.index("--")]
     caps = [arg for cap in ZYGOTE_CAPS for arg in ("--cap-add", cap)]
     command = [GUEST_PYTHON, "-I", "-B", "-c", BOOTSTRAP, LIB_GUEST, "zygote"]

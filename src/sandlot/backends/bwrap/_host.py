@@ -18,6 +18,7 @@ import logging
 import os
 import queue
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -36,7 +37,7 @@ from sandlot._exceptions import (
     IsolationUnavailable,
 )
 from sandlot._models import NetworkEvent, ResourceUsage
-from sandlot.backends import _cgroups
+from sandlot.backends import _cgroups, _hostids
 from sandlot.backends._base import Finding, Probe, RecoveryToken
 from sandlot.backends._cgroups import process_start_time
 from sandlot.backends._channel import ChannelHandle, SandboxProcess
@@ -150,12 +151,22 @@ def probe_host() -> Probe:
         "--",
         "/usr/bin/true",
     ]
+    ids = None
     drop = None
     try:
-        # As the uid sandboxes will run as (root drops to an unprivileged one).
-        drop = drop_to()
-        if drop is not None:
-            details["sandbox host uid"] = str(drop[0])
+        if os.geteuid() == 0:
+            # As a uid sandboxes will run as (root gives each its own unprivileged one).
+            # Without a usable range the probe still tests bwrap (as nobody) and passes:
+            # bwrap works, and every start refuses with the fix (IsolationUnavailable)
+            # rather than "auto" quietly picking another backend.
+            try:
+                id_range = _hostids.configured_range()
+                details["sandbox host ids"] = f"one pair per live sandbox: {id_range.describe()}"
+                ids = host_ids()
+                drop = ids.pair if ids is not None else None
+            except IsolationUnavailable as exc:
+                details["sandbox host ids"] = f"UNAVAILABLE, sandboxes will not start: {exc}"
+                drop = (PROBE_UID, PROBE_UID)
         result = subprocess.run(
             argv,
             capture_output=True,
@@ -164,15 +175,19 @@ def probe_host() -> Probe:
             env={},
             preexec_fn=Enter((), drop),
         )
-    except (OSError, subprocess.SubprocessError, IsolationUnavailable) as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         fix = HOST_FIX
         if drop is not None and isinstance(exc, subprocess.SubprocessError):
             fix = (
-                f"sandlot runs as root here and starts sandboxes as host uid {drop[0]}, but "
-                f"could not switch to it (is this a user namespace without that uid "
-                f"mapped?); set {HOST_UID_ENV} to an unprivileged uid that exists here"
+                f"sandlot runs as root here and starts each sandbox as a host uid of its own "
+                f"(this one: {drop[0]}), but could not switch to it (is this a user namespace "
+                f"without those uids mapped?); delegate ids that exist here: "
+                f"{_hostids.RANGE_FIX}"
             )
         return Probe("bwrap", False, f"bwrap self-test failed: {exc}", fix, 10, details)
+    finally:
+        if ids is not None:
+            ids.release()  # run() waited: nothing runs as it any more
     if result.returncode != 0:
         reason = result.stderr.strip() or f"exit status {result.returncode}"
         return Probe(
@@ -315,7 +330,8 @@ def host_layout(
 
 
 class BwrapHandle(ChannelHandle):
-    """A bwrap sandbox: the channel, plus its cgroup (read for usage, removed at the end)."""
+    """A bwrap sandbox: the channel, plus its cgroup (read for usage, removed at the end)
+    and its host ids (given back once nothing of it runs any more)."""
 
     def __init__(
         self,
@@ -327,9 +343,11 @@ class BwrapHandle(ChannelHandle):
         egress: EgressLease | None = None,
         exit_reason: Callable[[int], str] | None = None,
         resources: Resources | None = None,
+        ids: _hostids.HostIds | None = None,
     ) -> None:
         self._cgroup = cgroup
         self._egress = egress
+        self._host_ids = ids
         super().__init__(
             sock,
             process,
@@ -351,7 +369,12 @@ class BwrapHandle(ChannelHandle):
         if self._egress is not None:
             self._egress.close()
         if self._cgroup is not None and not self._cgroup.destroy():
+            # Processes may be left in it: keep its uid until this process exits (the
+            # allocator also skips a uid that any process still runs as).
             log.error("could not remove the sandbox cgroup %s", self._cgroup.name)
+            return
+        if self._host_ids is not None:
+            self._host_ids.release()
 
     def network_events(self, settle: float = 0.0) -> list[NetworkEvent] | None:
         return None if self._egress is None else self._egress.events(settle)
@@ -408,17 +431,18 @@ def _running_as() -> Finding:
         return Finding(
             "running as",
             "info",
-            f"uid {os.geteuid()}; sandboxes run as this uid, with no capabilities",
+            f"uid {os.geteuid()}; sandboxes run as this uid, with no capabilities, and share "
+            "its per-user kernel quotas (SECURITY.md)",
         )
     try:
-        drop = drop_to()
-    except IsolationUnavailable as exc:  # SANDLOT_HOST_UID=0
-        return Finding("running as", "missing", f"root; {exc}", f"unset {HOST_UID_ENV}")
-    uid = drop[0] if drop else "?"
+        id_range = _hostids.configured_range()
+    except IsolationUnavailable as exc:
+        return Finding("running as", "missing", f"root; {exc}", _hostids.RANGE_FIX)
     return Finding(
         "running as",
         "info",
-        f"root; sandboxes run as unprivileged host uid {uid} with no capabilities ({HOST_UID_ENV})",
+        "root; each sandbox runs as an unprivileged host uid and gid of its own, with no "
+        f"capabilities ({id_range.describe()})",
     )
 
 
@@ -443,22 +467,33 @@ class Enter:
 
     1. Join the sandbox's cgroups (writing "0" to ``cgroup.procs`` moves the writer),
        so bwrap and everything it starts is limited from its first instruction.
-    2. When sandlot runs as root, become an unprivileged uid/gid with no supplementary
-       groups. bwrap then creates the user namespace as that uid: the sandbox's uid 1000
-       is host uid :data:`HOST_UID`, not root, and RLIMIT_NPROC and signal permissions
-       apply to it like to any user.
+    2. Set ``rlimits`` (the zygote's: room for every sandbox it forks, see
+       :mod:`._zygote`); raising a hard limit works only as root.
+    3. When sandlot runs as root, become the sandbox's own unprivileged uid/gid (from
+       :func:`host_ids`) with no supplementary groups. bwrap then creates the user
+       namespace as that uid: the sandbox's uid 1000 is that host uid, not root, and
+       the kernel's per-user quotas, RLIMIT_NPROC and signal permissions apply to it
+       like to any user, apart from every other sandbox's.
 
     Only system calls on values prepared by the parent: no allocation-heavy work
     between fork and exec.
     """
 
-    def __init__(self, cgroup_fds: tuple[int, ...], drop: tuple[int, int] | None) -> None:
+    def __init__(
+        self,
+        cgroup_fds: tuple[int, ...],
+        drop: tuple[int, int] | None,
+        rlimits: tuple[tuple[int, int], ...] = (),
+    ) -> None:
         self.cgroup_fds = cgroup_fds
         self.drop = drop
+        self.rlimits = rlimits
 
     def __call__(self) -> None:
         for fd in self.cgroup_fds:
             os.write(fd, b"0")
+        for which, value in self.rlimits:
+            resource.setrlimit(which, (value, value))
         if self.drop is not None:
             uid, gid = self.drop
             os.setgroups([])
@@ -466,23 +501,27 @@ class Enter:
             os.setresuid(uid, uid, uid)
 
 
-HOST_UID_ENV = "SANDLOT_HOST_UID"
-DEFAULT_HOST_UID = 65534
-"""The host uid (and gid) sandboxes run as when sandlot runs as root: ``nobody``,
-like nsjail's default. ``$SANDLOT_HOST_UID`` picks another unprivileged one."""
+PROBE_UID = 65534
+"""``nobody``: what the probe runs its throwaway sandbox as when no range is delegated."""
 
 
-def drop_to() -> tuple[int, int] | None:
-    """(uid, gid) to switch to before starting bwrap, or None when not root."""
+def host_ids() -> _hostids.HostIds | None:
+    """The host uid and gid for one new sandbox (or zygote), held until released; None
+    when sandlot is not root (sandboxes then run as this process's own uid).
+
+    As root, every sandbox gets a pair of its own from the delegated range (see
+    :mod:`sandlot.backends._hostids`): the kernel's per-user quotas (inotify, message
+    queues, pending signals) are then per sandbox. No range, or none free:
+    IsolationUnavailable, never a shared uid."""
     if os.geteuid() != 0:
         return None
-    value = os.environ.get(HOST_UID_ENV, "").strip()
-    uid = int(value) if value.isdigit() else DEFAULT_HOST_UID
-    if uid == 0:
-        raise IsolationUnavailable(
-            f"{HOST_UID_ENV}=0 would run sandboxes as host root; pick an unprivileged uid"
-        )
-    return uid, uid
+    lock_dir = os.environ.get(_hostids.LOCK_DIR_ENV) or _hostids.DEFAULT_LOCK_DIR
+    return _allocator(_hostids.configured_range(), lock_dir).acquire()
+
+
+@functools.lru_cache(maxsize=4)
+def _allocator(id_range: _hostids.HostIdRange, lock_dir: str) -> _hostids.HostIdAllocator:
+    return _hostids.HostIdAllocator(id_range, lock_dir)
 
 
 def _runtime_dirs(stage: bool) -> tuple[Path, Path, Path]:

@@ -19,6 +19,14 @@ usage, OOM reports and teardown (the cgroup is emptied and removed).
 Sandboxes with a network policy start cold (the zygote cannot mount their egress
 socket), as does a spec in ``unsafe_best_effort_limits`` mode (the zygote needs a
 cgroup to move each sandbox into). They get the same boundary, only slower.
+
+Per-user kernel quotas (inotify instances and watches, message queue bytes, pending
+signals) are charged to the host uid that created the zygote's user namespace, for
+every sandbox it forks, whatever uid they run as (see :mod:`sandlot.runner._zygote`).
+So a zygote runs as a host uid of its own (as root, from the same allocator as cold
+sandboxes), splits that uid's quotas into :func:`shares`, gives each sandbox one in
+its own user namespace, and forks at most as many live sandboxes as there are shares;
+the next ones start cold, each as a uid of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -37,10 +46,12 @@ import subprocess
 import threading
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sandlot._exceptions import BackendUnavailable, SandboxStartError
-from sandlot.backends import _cgroups
+from sandlot.backends import _cgroups, _hostids
 from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle
 from sandlot.backends.bwrap import BwrapBackend, _host, _seccomp
 from sandlot.backends.bwrap._compile import build_zygote_argv, runner_config
@@ -52,7 +63,7 @@ from sandlot.backends.bwrap._host import (
     StderrTail,
     bwrap_path,
     cgroup_for,
-    drop_to,
+    host_ids,
     host_layout,
     probe_host,
     say,
@@ -81,6 +92,81 @@ KERNEL_HEADROOM = 128 * MiB
 """Address space a forked kernel needs beyond the zygote's to run cells at all: a
 sandbox whose ``memory_mb`` (its per-process RLIMIT_AS) leaves less starts cold."""
 _UCRED = struct.Struct("iII")
+INOTIFY_SHARE = 8
+"""inotify instances each forked sandbox may hold (of ``fs.inotify.max_user_instances``,
+128 by default, per host uid): it sizes the shares, and so how many sandboxes one zygote
+forks at a time (15 by default, one share kept back). Data work rarely watches files."""
+DEFAULT_RLIMITS = {"msgqueue": 819200, "sigpending": 4096}
+"""Per-sandbox values where this process's own limit is unlimited (the kernel's defaults
+for ``RLIMIT_MSGQUEUE``; a modest number of queued signals)."""
+_RLIMITS = {"msgqueue": resource.RLIMIT_MSGQUEUE, "sigpending": resource.RLIMIT_SIGPENDING}
+
+
+@dataclass(frozen=True)
+class Shares:
+    """How a zygote splits its host uid's per-user quotas between the sandboxes it forks."""
+
+    sandboxes: int
+    """Live forked sandboxes at most (one more share is kept back)."""
+    user: dict[str, int]
+    """``/proc/sys/user`` limits of each sandbox's own user namespace."""
+    rlimits: dict[str, int]
+    """Each sandbox's soft and hard rlimits."""
+    zygote_rlimits: tuple[tuple[int, int], ...]
+    """The zygote's own rlimits (as root: room for every share; else unchanged)."""
+
+    def request(self) -> dict[str, dict[str, int]]:
+        return {"user": self.user, "rlimits": self.rlimits}
+
+
+def shares(raise_limits: bool) -> Shares:
+    """The shares of this host's per-user quotas, one per forked sandbox and one kept.
+
+    inotify limits are host-wide per uid (sysctls), so they are divided. rlimits are
+    divided too, unless this process may raise hard limits (``raise_limits``: root
+    with CAP_SYS_RESOURCE, which containers usually drop): then the zygote's own
+    limits are raised instead, so each sandbox gets what a cold one would."""
+    instances = _sysctl_int("fs/inotify/max_user_instances", 128)
+    watches = _sysctl_int("fs/inotify/max_user_watches", 8192)
+    slots = max(2, instances // INOTIFY_SHARE)
+    user = {
+        "max_inotify_instances": instances // slots,
+        "max_inotify_watches": watches // slots,
+        "max_user_namespaces": 0,
+    }
+    rlimits: dict[str, int] = {}
+    zygote: list[tuple[int, int]] = []
+    for name, which in _RLIMITS.items():
+        soft, hard = resource.getrlimit(which)
+        if raise_limits:
+            each = DEFAULT_RLIMITS[name] if soft == resource.RLIM_INFINITY else soft
+            zygote.append((which, each * slots))
+        else:
+            whole = DEFAULT_RLIMITS[name] * slots if hard == resource.RLIM_INFINITY else hard
+            each = whole // slots
+        rlimits[name] = each
+    return Shares(slots - 1, user, rlimits, tuple(zygote))
+
+
+def can_raise_limits() -> bool:
+    """Root with CAP_SYS_RESOURCE (bit 24 of the effective set)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> 24 & 1)
+    return False
+
+
+def _sysctl_int(name: str, default: int) -> int:
+    try:
+        return int(Path("/proc/sys", name).read_text())
+    except (OSError, ValueError):
+        return default
 
 
 class _ZygoteFull(Exception):
@@ -107,6 +193,13 @@ class _ForkedSandbox:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
+    def running(self) -> bool:
+        """Still alive (when it has exited, every process of its pid namespace has too)."""
+        if not self._exited:
+            ready, _, _ = select.select([self._pidfd], [], [], 0)
+            self._exited = bool(ready)
+        return not self._exited
+
     def wait(self, timeout: float | None = None) -> int:
         if not self._exited:
             ready, _, _ = select.select([self._pidfd], [], [], timeout)
@@ -127,6 +220,11 @@ class Zygote:
         self._control: socket.socket | None = None
         self._cgroup: _cgroups.SandboxCgroup | None = None
         self._tail: StderrTail | None = None
+        self._host_ids: _hostids.HostIds | None = None
+        self._shares = shares(can_raise_limits())
+        self._forks: list[_ForkedSandbox] = []
+        self._pending = 0
+        """Forks requested whose process is not in :attr:`_forks` yet (each holds a share)."""
         self._ids = 0
         self.vm_bytes = 0
         """The zygote's address space size, which each forked process starts with."""
@@ -140,11 +238,16 @@ class Zygote:
         assert bwrap is not None
         template = ensure_template(self.template, progress=say)
         sweep_once()
-        drop = drop_to()
         spec = SandboxSpec(template=self.template, resources=ZYGOTE_RESOURCES)
-        group = _cgroups.SandboxCgroup.create(spec.resources)
+        # The zygote's own host ids, for its whole life: its sandboxes' quotas are
+        # charged to them (module docstring), so they are shared with nothing else.
+        ids = host_ids()
+        drop = ids.pair if ids is not None else None
         with contextlib.ExitStack() as cleanup:
             failed = cleanup.enter_context(contextlib.ExitStack())
+            if ids is not None:
+                failed.callback(ids.release)  # last: once nothing runs in its cgroup
+            group = _cgroups.SandboxCgroup.create(spec.resources)
             failed.callback(group.destroy)
             cleanup.callback(group.close_fds)
             own_filter = _seccomp.program_fd(zygote=True)
@@ -165,7 +268,7 @@ class Zygote:
                     stderr=subprocess.PIPE,
                     pass_fds=(theirs.fileno(), own_filter, children_filter),
                     close_fds=True,
-                    preexec_fn=Enter(group.attach_fds, drop),
+                    preexec_fn=Enter(group.attach_fds, drop, self._shares.zygote_rlimits),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 raise SandboxStartError(f"could not start the zygote: {exc}") from exc
@@ -187,6 +290,7 @@ class Zygote:
             control.settimeout(START_TIMEOUT)
             failed.pop_all()
         self._process, self._control, self._cgroup, self._tail = process, control, group, tail
+        self._host_ids = ids
 
     def spawn(self, spec: SandboxSpec) -> SandboxHandle:
         group = cgroup_for(spec)
@@ -197,10 +301,16 @@ class Zygote:
             failed.callback(host_sock.close)
             with child_sock:
                 host_sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-                self._request_fork(spec, child_sock.fileno())
-            pid = _sandbox_pid(host_sock)
+                self._request_fork(spec, child_sock.fileno())  # reserves a share
             try:
+                pid = _sandbox_pid(host_sock)
                 process = _ForkedSandbox(pid)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+            with self._lock:
+                self._forks.append(process)  # holds its share until it exits
+            try:
                 failed.callback(process.wait, 10)
                 failed.callback(process.kill)
                 # The pidfd pins the process; it must still be the zygote's fresh child,
@@ -232,7 +342,7 @@ class Zygote:
 
     def _request_fork(self, spec: SandboxSpec, fd: int) -> None:
         r = spec.resources
-        mounts = [
+        mounts: list[list[Any]] = [
             ["/tmp", _bytes(r.tmp_mb), "1777"],
             ["/dev/shm", _bytes(r.tmp_mb), "1777"],
             [HOME, _bytes(r.disk_mb), "0755"],
@@ -244,13 +354,23 @@ class Zygote:
             assert self._control is not None and self._cgroup is not None
             if r.memory_mb is not None and r.memory_mb * MiB < self.vm_bytes + KERNEL_HEADROOM:
                 raise _ZygoteFull
+            self._forks = [fork for fork in self._forks if fork.running()]
+            if len(self._forks) + self._pending >= self._shares.sandboxes:
+                raise _ZygoteFull  # every share of its uid's quotas is taken
             memory = _cgroups.memory_use(self._cgroup.host.version, self._cgroup.paths)
             if memory is not None:
                 used, limit = memory
                 if limit - used < max(ZYGOTE_MIN_ROOM, limit // 16):
                     raise _ZygoteFull
+            self._pending += 1  # spawn() gives it back once the fork is counted or failed
             self._ids += 1
-            request = {"type": "spawn", "id": self._ids, "mounts": mounts, "hostname": "sandlot"}
+            request = {
+                "type": "spawn",
+                "id": self._ids,
+                "mounts": mounts,
+                "hostname": "sandlot",
+                "quotas": self._shares.request(),
+            }
             fds = array.array("i", [fd])
             try:
                 self._control.sendmsg(
@@ -263,9 +383,13 @@ class Zygote:
                 while isinstance(reply.get("id"), int) and reply["id"] < self._ids:
                     reply = json.loads(self._control.recv(65536) or b"{}")
             except (OSError, ValueError) as exc:
+                self._pending -= 1
                 raise SandboxStartError(f"the zygote failed ({exc}): {self._stderr()}") from exc
-        if reply.get("type") != "spawned" or reply.get("id") != self._ids:
-            raise SandboxStartError(f"the zygote could not fork a sandbox: {reply.get('message')}")
+            if reply.get("type") != "spawned" or reply.get("id") != self._ids:
+                self._pending -= 1
+                raise SandboxStartError(
+                    f"the zygote could not fork a sandbox: {reply.get('message')}"
+                )
 
     def _cgroup_pids(self) -> set[int]:
         return set() if self._cgroup is None else set(self._cgroup.pids())
@@ -282,7 +406,13 @@ class Zygote:
             self._process.wait()
         if self._cgroup is not None:
             self._cgroup.destroy()
+        if self._host_ids is not None:
+            # Its sandboxes may still be exiting (they die with its pid namespace); the
+            # allocator skips a uid while any process runs as it.
+            self._host_ids.release()
         self._process = self._control = self._cgroup = self._tail = None
+        self._host_ids = None
+        self._forks = []
 
     def close(self) -> None:
         """Kill the zygote, and with it every sandbox it made (they live in its pid
@@ -322,7 +452,7 @@ _ZYGOTES_LOCK = threading.Lock()
 
 def zygote_for(template: str, preload: tuple[str, ...]) -> Zygote:
     """The process-wide zygote for ``template`` and ``preload`` (started on first use)."""
-    key = (template, preload, drop_to())
+    key = (template, preload)
     with _ZYGOTES_LOCK:
         zygote = _ZYGOTES.get(key)
         if zygote is None:
