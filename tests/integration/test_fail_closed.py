@@ -203,7 +203,11 @@ def test_no_usable_host_id_range_refuses_with_the_fix(
     monkeypatch: pytest.MonkeyPatch, backend: str, env: dict[str, str]
 ) -> None:
     import sandlot
+    from sandlot.backends.bwrap import _zygote
 
+    # A zygote that is already up keeps the host ids it took; the range is read when a
+    # sandbox or a zygote starts, so this needs the zygote to start under the bad range.
+    _zygote.close_all()
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(sandlot.IsolationUnavailable, match="usermod --add-subuids"):

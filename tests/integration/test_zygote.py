@@ -321,3 +321,45 @@ def test_a_sandbox_is_one_fork_of_a_zygote_with_its_heap_in_huge_pages(
         pytest.skip("only root can read a non-dumpable zygote's memory map")
     huge_kib = int(rollup.split("AnonHugePages:")[1].split()[0])
     assert huge_kib >= 2048, rollup
+
+
+def test_a_full_zygote_gets_a_sibling_zygote_instead_of_cold_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A zygote forks only as many live sandboxes as it has shares of its uid's per-user
+    # quotas. The sandbox past that starts cold, and another zygote (a uid of its own)
+    # starts in the background, so the next sandboxes are forks again. Two shares here,
+    # and a preload no other test uses, so these zygotes are this test's own.
+    import dataclasses
+
+    from sandlot.backends.bwrap import _zygote
+
+    real = _zygote.shares
+    monkeypatch.setattr(
+        _zygote, "shares", lambda raise_limits: dataclasses.replace(real(raise_limits), sandboxes=2)
+    )
+    preload = ("json", "decimal")
+    backend = _zygote.ZygoteBackend(preload=preload)
+    started: list[Sandbox] = []
+    try:
+        for _ in range(2):
+            started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        assert all(_forked(sbx) for sbx in started)
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        assert not _forked(started[-1])  # the first zygote is out of shares: cold
+        deadline = time.monotonic() + 120
+        while len(_zygote.zygotes_for("python-data", preload)) < 2:
+            assert time.monotonic() < deadline, "no second zygote within 120 s"
+            time.sleep(0.1)
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        assert _forked(started[-1])  # from the second zygote
+        first, second = _zygote.zygotes_for("python-data", preload)
+        uids = {_status(z._process.pid)["Uid"].split()[0] for z in (first, second)}  # type: ignore[union-attr]
+        assert len(uids) == 2, uids  # each zygote is a host uid of its own
+        for sbx in started:
+            assert sbx.run_code("6 * 7").text == "42"
+    finally:
+        for sbx in started:
+            sbx.kill()
+        for zygote in _zygote.zygotes_for("python-data", preload):
+            zygote.close()

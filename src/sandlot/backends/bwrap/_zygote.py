@@ -170,8 +170,15 @@ def _sysctl_int(name: str, default: int) -> int:
 
 
 class _ZygoteFull(Exception):
-    """The zygote's cgroup has no room for another sandbox's first process, or the
-    sandbox's memory limit leaves its forked processes no room: start it cold."""
+    """The zygote's cgroup has no room for another sandbox's first process, every share
+    of its uid's quotas is taken, or the sandbox's memory limit leaves its forked
+    processes no room: start it cold (or in another zygote, unless ``any_zygote``)."""
+
+    def __init__(self, any_zygote: bool = False) -> None:
+        super().__init__()
+        self.any_zygote = any_zygote
+        """True when no zygote could fork this sandbox (its own memory limit is the
+        reason), so trying or starting another zygote is pointless."""
 
 
 class _ForkedSandbox:
@@ -232,6 +239,14 @@ class Zygote:
     @property
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        """Start the zygote now, if it is not running (:meth:`spawn` does so on first
+        use)."""
+        with self._lock:
+            if not self.alive:
+                self._stop()
+                self._start()
 
     def _start(self) -> None:
         bwrap = bwrap_path()
@@ -353,7 +368,7 @@ class Zygote:
                 self._start()
             assert self._control is not None and self._cgroup is not None
             if r.memory_mb is not None and r.memory_mb * MiB < self.vm_bytes + KERNEL_HEADROOM:
-                raise _ZygoteFull
+                raise _ZygoteFull(any_zygote=True)
             self._forks = [fork for fork in self._forks if fork.running()]
             if len(self._forks) + self._pending >= self._shares.sandboxes:
                 raise _ZygoteFull  # every share of its uid's quotas is taken
@@ -446,25 +461,71 @@ def _sandbox_pid(sock: socket.socket) -> int:
     )
 
 
-_ZYGOTES: dict[tuple[Any, ...], Zygote] = {}
+MAX_ZYGOTES = 32
+"""Zygotes per template and preload in one process. Each forks at most its
+:func:`shares` of live sandboxes (its own host uid's per-user quotas, split), so a
+process that keeps more sandboxes alive gets another zygote, with a uid of its own,
+rather than cold starts: 32 zygotes of 15 shares is 480 fast sandboxes at once."""
+
+_ZYGOTES: dict[tuple[Any, ...], list[Zygote]] = {}
+_GROWING: set[tuple[Any, ...]] = set()
+"""Keys whose next zygote is starting in the background."""
 _ZYGOTES_LOCK = threading.Lock()
 
 
 def zygote_for(template: str, preload: tuple[str, ...]) -> Zygote:
-    """The process-wide zygote for ``template`` and ``preload`` (started on first use)."""
+    """The process-wide first zygote for ``template`` and ``preload`` (started on first
+    use)."""
+    return zygotes_for(template, preload)[0]
+
+
+def zygotes_for(template: str, preload: tuple[str, ...]) -> list[Zygote]:
+    """The zygotes for ``template`` and ``preload``, oldest first (at least one)."""
     key = (template, preload)
     with _ZYGOTES_LOCK:
-        zygote = _ZYGOTES.get(key)
-        if zygote is None:
-            zygote = _ZYGOTES[key] = Zygote(template, preload)
-        return zygote
+        zygotes = _ZYGOTES.setdefault(key, [])
+        if not zygotes:
+            zygotes.append(Zygote(template, preload))
+        return list(zygotes)
+
+
+def _grow(template: str, preload: tuple[str, ...]) -> None:
+    """Start one more zygote for the key in the background, unless one is starting or
+    the key has :data:`MAX_ZYGOTES`; it joins the list once it is up. The caller starts
+    its sandbox cold meanwhile (a zygote takes about a second to import the data stack,
+    a cold sandbox without it well under that)."""
+    key = (template, preload)
+    with _ZYGOTES_LOCK:
+        if key in _GROWING or len(_ZYGOTES.get(key, ())) >= MAX_ZYGOTES:
+            return
+        _GROWING.add(key)
+
+    def start() -> None:
+        zygote = Zygote(template, preload)
+        try:
+            zygote.start()
+        except Exception:
+            log.warning("could not start another zygote for %s", template, exc_info=True)
+            zygote.close()
+            return
+        finally:
+            with _ZYGOTES_LOCK:
+                _GROWING.discard(key)
+        with _ZYGOTES_LOCK:
+            zygotes = _ZYGOTES.get(key)
+            if zygotes is not None and len(zygotes) < MAX_ZYGOTES:
+                zygotes.append(zygote)
+                return
+        zygote.close()  # close_all() ran meanwhile, or the key filled up
+
+    threading.Thread(target=start, name="sandlot-zygote-grow", daemon=True).start()
 
 
 @atexit.register
 def close_all() -> None:
     """Stop every zygote of this process (and so every sandbox they made)."""
     with _ZYGOTES_LOCK:
-        zygotes = list(_ZYGOTES.values())
+        zygotes = [zygote for group in _ZYGOTES.values() for zygote in group]
         _ZYGOTES.clear()
     for zygote in zygotes:
         zygote.close()
@@ -514,8 +575,12 @@ class ZygoteBackend(Backend):
             )
         if spec.network.enabled or spec.unsafe_best_effort_limits:
             return self._cold.start(spec)
-        zygote = zygote_for(spec.template, tuple(spec.preload) or self.preload)
-        try:
-            return zygote.spawn(spec)
-        except _ZygoteFull:
-            return self._cold.start(spec)
+        preload = tuple(spec.preload) or self.preload
+        for zygote in zygotes_for(spec.template, preload):
+            try:
+                return zygote.spawn(spec)
+            except _ZygoteFull as full:
+                if full.any_zygote:
+                    return self._cold.start(spec)
+        _grow(spec.template, preload)  # every zygote is full: the next sandboxes get one
+        return self._cold.start(spec)
