@@ -36,10 +36,10 @@ def runner_config(
         "rlimits": {
             "as": None if r.memory_mb is None else r.memory_mb * MiB,
             "cpu": r.cpu_seconds,
-            # RLIMIT_NPROC counts every process of the host uid, and all sandboxes share
-            # one: as a limit it would make sandboxes fail each other's forks. The cgroup
-            # pids.max is the exact per-sandbox limit; without cgroups (best effort) this
-            # is the only one left.
+            # RLIMIT_NPROC counts every process of the host uid, which sandboxes share
+            # when sandlot is not root, inside one zygote, and in containers: as a limit
+            # it would make them fail each other's forks. The cgroup pids.max is the exact
+            # per-sandbox limit; without cgroups (best effort) this is the only one left.
             "nproc": None if cgroup_limits else r.pids,
             "fsize": None if r.file_size_mb is None else r.file_size_mb * MiB,
             "nofile": r.open_files,
