@@ -36,7 +36,7 @@ import types
 from typing import Any, Dict, List, Optional, Set
 
 from sandlot.protocol import encode
-from sandlot.runner import _display, _limits
+from sandlot.runner import _display, _limits, _shell
 
 FLUSH_INTERVAL = 0.05
 """Seconds a partial line may wait in the buffer before it is streamed anyway."""
@@ -161,11 +161,13 @@ class Kernel:
         self.config = config
         self.count = 0
         self.current_id: Optional[str] = None
-        self.namespace: Dict[str, Any] = {
-            "__name__": "__main__",
-            "__builtins__": builtins,
-            "__doc__": None,
-        }
+        # The cells' namespace is the ``__main__`` module's, as in a notebook: what a
+        # cell defines pickles by reference (``multiprocessing`` workers find it).
+        self.main = types.ModuleType("__main__")
+        self.namespace: Dict[str, Any] = self.main.__dict__
+        self.namespace["__builtins__"] = builtins
+        self.shell: Optional[Any] = None
+        """IPython's shell for cell syntax beyond Python, if the template has IPython."""
         self.stdout = EventStream(self, "stdout")
         self.stderr = EventStream(self, "stderr")
         self.figures_shown: Set[int] = set()
@@ -198,6 +200,14 @@ class Kernel:
                 }
             )
 
+    def emit_bundle(self, bundle: Dict[str, Any]) -> None:
+        """Send a MIME bundle someone else built (IPython's publish) as a result."""
+        bundle = _display.json_safe_bundle(bundle)
+        if not bundle:
+            return
+        self.flush_streams()
+        self.emit({"type": "result", "data": bundle, "is_main_result": False})
+
     def flush_figures(self) -> None:
         """Send every open matplotlib figure as a PNG result, then close them."""
         pyplot = sys.modules.get("matplotlib.pyplot")
@@ -221,6 +231,7 @@ class Kernel:
     def install(self) -> None:
         sys.stdout = self.stdout
         sys.stderr = self.stderr
+        sys.modules["__main__"] = self.main
         builtins.display = self.display  # type: ignore[attr-defined]
         # Like Jupyter: modules uploaded next to the notebook are importable.
         if "" not in sys.path:
@@ -236,6 +247,8 @@ class Kernel:
             module = sys.modules.get(name)
             if module is not None:
                 patch(module)
+        # After the hooks, so IPython's display functions are patched as it imports them.
+        self.shell = _shell.start(self, self.main)
         flusher = threading.Thread(target=self._flush_loop, name="sandlot-flush", daemon=True)
         flusher.start()
 
@@ -316,16 +329,34 @@ class Kernel:
             # starts a fresh kernel for this context.
             os._exit(0)
 
+    def _parse(self, code: str, filename: str) -> "tuple[ast.Module, str]":
+        """The cell's syntax tree, and the source it was parsed from.
+
+        Plain Python is parsed as it is. Anything else goes through IPython's input
+        transformers when there is a shell (whole-cell indentation, ``!cmd``,
+        ``%magic``, ``%%magic``...); a SyntaxError is that of the source that ran."""
+        try:
+            return ast.parse(code, filename=filename, mode="exec"), code
+        except SyntaxError:
+            if self.shell is None:
+                raise
+            source = _shell.transform(self.shell, code)
+            if source is None or source.rstrip() == code.rstrip():
+                raise
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        return ast.parse(source, filename=filename, mode="exec"), source
+
     def _run_cell(self, code: str) -> str:
         filename = "<cell-%d>" % self.count
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         try:
-            tree = ast.parse(code, filename=filename, mode="exec")
+            tree, source = self._parse(code, filename)
         except SyntaxError as exc:
             self._report(exc)
             return "error"
         last: Optional[ast.expr] = None
-        silent = code.rstrip().endswith(";")
+        silent = code.rstrip().endswith(";") or source.rstrip().endswith(";")
+        value: Any = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body[-1].value
             tree.body.pop()
@@ -341,6 +372,8 @@ class Kernel:
                     if not _is_figure(value):
                         self.display(value, is_main_result=True)
             self.flush_figures()
+            if self.shell is not None:
+                _shell.record(self.shell, self.count, code, source, value)
         except MemoryError:
             self.namespace.clear()
             gc.collect()
