@@ -13,7 +13,7 @@ import base64
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -175,6 +175,16 @@ def test_ipython_writes_no_history_and_no_config(sandbox: Sandbox) -> None:
         )
     )
     assert execution.text == "(False, False, [])"
+
+
+def test_the_precheck_flags_what_it_cannot_parse(make_sandbox: Callable[..., Sandbox]) -> None:
+    """The advisory precheck parses Python only: an IPython-syntax cell (a shell command
+    it cannot inspect) is a flagged syntax-error finding, so "refuse" refuses it."""
+    sbx = make_sandbox(precheck="refuse")
+    execution = sbx.run_code("!echo should-not-run")
+    assert execution.error is not None and execution.error.name == "PrecheckRefused"
+    assert execution.logs.stdout == []
+    assert execution.precheck is not None and not execution.precheck.syntax_ok
 
 
 def test_a_shell_command_stops_at_the_cells_timeout(fresh_sandbox: Sandbox) -> None:
