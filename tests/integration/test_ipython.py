@@ -165,6 +165,26 @@ def test_get_ipython_and_what_ipython_publishes(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.all_backends
+def test_a_displayed_figure_is_sent_once(sandbox: Sandbox) -> None:
+    """Through the display builtin, and through the display function IPython's own modules
+    bound when they were imported (in a zygote, before the kernel could patch it)."""
+    execution = _ok(
+        sandbox.run_code(
+            "import matplotlib.pyplot as plt\n"
+            "from IPython.core import interactiveshell\n"
+            "one = plt.figure()\n"
+            "plt.plot([1, 2])\n"
+            "display(one)\n"
+            "two = plt.figure()\n"
+            "plt.plot([2, 1])\n"
+            "interactiveshell.display(two)\n"
+        )
+    )
+    assert [r.png is not None for r in execution.results] == [True, True]
+    assert not any(r.is_main_result for r in execution.results)
+
+
+@pytest.mark.all_backends
 def test_ipython_writes_no_history_and_no_config(sandbox: Sandbox) -> None:
     execution = _ok(
         sandbox.run_code(

@@ -189,16 +189,16 @@ class Kernel:
     def display(self, *objs: Any, is_main_result: bool = False) -> None:
         """The ``display()`` builtin: send each object as a rich result."""
         for obj in objs:
-            if _is_figure(obj):
-                self.figures_shown.add(id(obj))
+            data = self.bundle(obj)
             self.flush_streams()
-            self.emit(
-                {
-                    "type": "result",
-                    "data": _display.mimebundle(obj),
-                    "is_main_result": is_main_result,
-                }
-            )
+            self.emit({"type": "result", "data": data, "is_main_result": is_main_result})
+
+    def bundle(self, obj: Any) -> Dict[str, Any]:
+        """The MIME bundle of an object being displayed (a figure is then not sent again
+        when the cell ends)."""
+        if _is_figure(obj):
+            self.figures_shown.add(id(obj))
+        return _display.mimebundle(obj)
 
     def emit_bundle(self, bundle: Dict[str, Any]) -> None:
         """Send a MIME bundle someone else built (IPython's publish) as a result."""
@@ -249,6 +249,8 @@ class Kernel:
                 patch(module)
         # After the hooks, so IPython's display functions are patched as it imports them.
         self.shell = _shell.start(self, self.main)
+        # Creating it set the display builtin to IPython's own; the kernel's comes first.
+        builtins.display = self.display  # type: ignore[attr-defined]
         flusher = threading.Thread(target=self._flush_loop, name="sandlot-flush", daemon=True)
         flusher.start()
 
@@ -349,19 +351,17 @@ class Kernel:
     def _run_cell(self, code: str) -> str:
         filename = "<cell-%d>" % self.count
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        try:
-            tree, source = self._parse(code, filename)
-        except SyntaxError as exc:
-            self._report(exc)
-            return "error"
-        last: Optional[ast.expr] = None
-        silent = code.rstrip().endswith(";") or source.rstrip().endswith(";")
-        value: Any = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = tree.body[-1].value
-            tree.body.pop()
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
         try:
+            # Inside the handlers below: IPython's transformers run Python code on the
+            # cell, which a timeout may interrupt or a huge cell may run out of memory in.
+            tree, source = self._parse(code, filename)  # a SyntaxError is reported below
+            last: Optional[ast.expr] = None
+            silent = code.rstrip().endswith(";") or source.rstrip().endswith(";")
+            value: Any = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = tree.body[-1].value
+                tree.body.pop()
             body = compile(tree, filename, "exec", flags=flags)
             self._run(body)
             if last is not None:

@@ -35,13 +35,13 @@ import tempfile
 import types
 from typing import Any, Dict, Optional, Protocol, Tuple
 
-from sandlot.runner import _display
-
 
 class Kernel(Protocol):
     """What the shell needs from the kernel it serves."""
 
     def flush_streams(self) -> None: ...
+
+    def bundle(self, obj: Any) -> Dict[str, Any]: ...
 
     def emit_bundle(self, bundle: Dict[str, Any]) -> None: ...
 
@@ -104,8 +104,9 @@ def start(kernel: Kernel, main: types.ModuleType) -> Optional[Any]:
     def formatter(
         obj: Any, include: Any = None, exclude: Any = None
     ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        # What IPython's own display() path formats: sandlot's bundle, as ours.
-        return _display.mimebundle(obj), {}
+        # What IPython's own display() formats (modules that bound it before the
+        # kernel patched it, in a zygote): sandlot's bundle, as the kernel's display().
+        return kernel.bundle(obj), {}
 
     shell.display_formatter.format = formatter
     import builtins
