@@ -9,6 +9,10 @@ subprocesses and C extensions is captured too, and nothing a cell prints can be
 mistaken for a protocol message. Python-level ``sys.stdout``/``sys.stderr`` are
 replaced by writers that send events on the socket directly, which keeps prints and
 displays in the order the cell produced them.
+
+The cells' namespace is the ``__main__`` module. A cell that is not Python (``!cmd``,
+``%magic``, indented as a whole) is rewritten by IPython when the template has it
+(:mod:`sandlot.runner._shell`); without IPython, cells are plain Python.
 """
 
 from __future__ import annotations
@@ -358,7 +362,6 @@ class Kernel:
             tree, source = self._parse(code, filename)  # a SyntaxError is reported below
             last: Optional[ast.expr] = None
             silent = code.rstrip().endswith(";") or source.rstrip().endswith(";")
-            value: Any = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = tree.body[-1].value
                 tree.body.pop()
@@ -373,7 +376,7 @@ class Kernel:
                         self.display(value, is_main_result=True)
             self.flush_figures()
             if self.shell is not None:
-                _shell.record(self.shell, self.count, code, source, value)
+                _shell.record(self.shell, self.count, code, source)
         except MemoryError:
             self.namespace.clear()
             gc.collect()

@@ -124,15 +124,16 @@ def transform(shell: Any, code: str) -> Optional[str]:
     return source if isinstance(source, str) else None
 
 
-def record(shell: Any, count: int, raw: str, source: str, value: Any) -> None:
-    """Keep ``In``/``Out`` and the shell's execution count as a notebook would."""
+def record(shell: Any, count: int, raw: str, source: str) -> None:
+    """Keep ``In`` (for ``%history``) and the shell's execution count as a notebook would.
+
+    ``Out`` stays empty: it would keep every main result alive after the cell's own
+    names are deleted, and a sandbox's memory is limited (``_`` holds the last one)."""
     with contextlib.suppress(Exception):
         shell.execution_count = count
         history = shell.history_manager
         history.input_hist_raw.append(raw)
         history.input_hist_parsed.append(source)
-        if value is not None:
-            history.output_hist[count] = value
 
 
 def _shell_class(kernel: Kernel, base: Any) -> Any:
