@@ -185,6 +185,25 @@ def test_a_displayed_figure_is_sent_once(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.all_backends
+def test_every_context_and_a_restarted_one_has_its_own_shell(fresh_sandbox: Sandbox) -> None:
+    """The default kernel (forked from a zygote's, there), another context's and a
+    restarted one's (fresh interpreters) each run IPython syntax in their own __main__."""
+    sbx = fresh_sandbox
+    ctx = sbx.create_code_context()
+    _ok(sbx.run_code("where = 'default'"))
+    _ok(sbx.run_code("where = 'other'", context=ctx))
+    for context, name in ((None, "default"), (ctx, "other")):
+        execution = _ok(sbx.run_code("!echo {where}\n%time where", context=context))
+        assert execution.logs.stdout[0] == name + "\n"
+        assert execution.text == repr(name)
+    sbx.restart_code_context("default")
+    execution = _ok(
+        sbx.run_code("    import sys\n    %time sys.modules['__main__'].__dict__ is globals()")
+    )
+    assert execution.text == "True"
+
+
+@pytest.mark.all_backends
 def test_ipython_writes_no_history_and_no_config(sandbox: Sandbox) -> None:
     execution = _ok(
         sandbox.run_code(
@@ -195,6 +214,30 @@ def test_ipython_writes_no_history_and_no_config(sandbox: Sandbox) -> None:
         )
     )
     assert execution.text == "(False, False, [])"
+
+
+def test_a_cold_kernel_starts_ipython_only_when_a_cell_needs_it(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    """Plain Python cells do not pay for importing IPython; get_ipython(), an import of
+    IPython or IPython syntax start the shell (which then is the one every way)."""
+    for first in (
+        "get_ipython().run_line_magic('env', 'FIRST=1')",
+        "import IPython\nIPython.get_ipython().run_line_magic('env', 'FIRST=1')",
+        "%env FIRST=1",
+    ):
+        sbx = make_sandbox()
+        plain = _ok(sbx.run_code("import sys\n'IPython' in sys.modules"))
+        assert plain.text == "False"
+        _ok(sbx.run_code(first))
+        execution = _ok(
+            sbx.run_code(
+                "import os, IPython\n"
+                "shell = get_ipython()\n"
+                "(os.environ['FIRST'], shell is IPython.get_ipython(), type(shell).__name__)"
+            )
+        )
+        assert execution.text == "('1', True, 'SandlotShell')", first
 
 
 def test_the_precheck_flags_what_it_cannot_parse(make_sandbox: Callable[..., Sandbox]) -> None:

@@ -167,11 +167,14 @@ class Kernel:
         self.current_id: Optional[str] = None
         # The cells' namespace is the ``__main__`` module's, as in a notebook: what a
         # cell defines pickles by reference (``multiprocessing`` workers find it).
-        self.main = types.ModuleType("__main__")
+        # (In a kernel forked from a zygote, the one of the shell made there.)
+        self.main = _shell.prestarted_main() or types.ModuleType("__main__")
         self.namespace: Dict[str, Any] = self.main.__dict__
         self.namespace["__builtins__"] = builtins
         self.shell: Optional[Any] = None
-        """IPython's shell for cell syntax beyond Python, if the template has IPython."""
+        """IPython's shell for cell syntax beyond Python, once started."""
+        self.ipython = False
+        """Whether the template has IPython and the shell was not started yet."""
         self.stdout = EventStream(self, "stdout")
         self.stderr = EventStream(self, "stderr")
         self.figures_shown: Set[int] = set()
@@ -240,21 +243,27 @@ class Kernel:
         # Like Jupyter: modules uploaded next to the notebook are importable.
         if "" not in sys.path:
             sys.path.insert(0, "")
+        self.ipython = _shell.available()
         hooks = {
             "matplotlib.pyplot": self._patch_pyplot,
             "IPython.core.display_functions": self._patch_ipython,
             "IPython.display": self._patch_ipython,
+            # Whatever imports IPython can see its shell: start it then, if not before.
+            "IPython": self._start_shell,
         }
         sys.meta_path.insert(0, _PostImportHook(hooks))
-        # A kernel forked from a zygote has some of them imported already.
+        # A kernel forked from a zygote has some of them imported already (IPython's
+        # shell then starts now, in a few milliseconds).
         for name, patch in hooks.items():
             module = sys.modules.get(name)
             if module is not None:
                 patch(module)
-        # After the hooks, so IPython's display functions are patched as it imports them.
-        self.shell = _shell.start(self, self.main)
-        # Creating it set the display builtin to IPython's own; the kernel's comes first.
-        builtins.display = self.display  # type: ignore[attr-defined]
+        if self.ipython:
+            # Not imported yet (a cold kernel): importing IPython would cost every
+            # sandbox's first cell tens of milliseconds, so the shell starts when a cell
+            # needs it (IPython syntax, get_ipython(), an import of IPython).
+            self.namespace["get_ipython"] = self._get_ipython
+            builtins.get_ipython = self._get_ipython  # type: ignore[attr-defined]
         flusher = threading.Thread(target=self._flush_loop, name="sandlot-flush", daemon=True)
         flusher.start()
 
@@ -266,6 +275,27 @@ class Kernel:
                 self.stderr.flush_if_stale()
             except Exception:
                 pass
+
+    def ensure_shell(self) -> Optional[Any]:
+        """IPython's shell, started on first need; None if the template has no IPython."""
+        if self.shell is None and self.ipython:
+            self.ipython = False  # one attempt: a shell that failed to start stays off
+            self.shell = _shell.start(self, self.main)
+            # Creating it set the display builtin to IPython's; the kernel's comes first.
+            builtins.display = self.display  # type: ignore[attr-defined]
+            if self.shell is None:
+                if self.namespace.get("get_ipython") == self._get_ipython:
+                    del self.namespace["get_ipython"]
+                with contextlib.suppress(AttributeError):
+                    del builtins.get_ipython  # type: ignore[attr-defined]
+        return self.shell
+
+    def _get_ipython(self) -> Optional[Any]:
+        """``get_ipython()`` before the shell started (it replaces this one)."""
+        return self.ensure_shell()
+
+    def _start_shell(self, module: Any) -> None:
+        self.ensure_shell()
 
     def _patch_pyplot(self, pyplot: Any) -> None:
         kernel = self
@@ -344,9 +374,10 @@ class Kernel:
         try:
             return ast.parse(code, filename=filename, mode="exec"), code
         except SyntaxError:
-            if self.shell is None:
+            shell = self.ensure_shell()
+            if shell is None:
                 raise
-            source = _shell.transform(self.shell, code)
+            source = _shell.transform(shell, code)
             if source is None or source.rstrip() == code.rstrip():
                 raise
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)

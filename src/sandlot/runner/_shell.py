@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 import types
-from typing import Any, Dict, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 
 class Kernel(Protocol):
@@ -58,28 +59,64 @@ PRELOAD = (
 )
 
 
+_SERVING: List[Kernel] = []
+"""The kernel this process's shell works for (a process has one)."""
+_PRESTARTED: List[Any] = []
+"""A shell made before the fork that made this process (in a zygote), not yet taken."""
+
+
 def preload() -> None:
-    """Import IPython's shell now (a zygote, before it forks kernels), if present."""
+    """Import IPython and make a shell now (a zygote, before it forks kernels), if the
+    template has IPython: the default kernel forked from it then takes it as its own
+    (each fork has a copy), instead of spending milliseconds on it in the first cell."""
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except Exception:
             return  # no IPython (or a broken one): kernels run plain Python cells
+    with contextlib.suppress(Exception):
+        _PRESTARTED[:] = [_start(types.ModuleType("__main__"))]
+
+
+def prestarted_main() -> Optional[types.ModuleType]:
+    """The ``__main__`` of the shell made before the fork, for the kernel to run in."""
+    return _PRESTARTED[0].user_module if _PRESTARTED else None
+
+
+def available() -> bool:
+    """Whether IPython can be imported (found without importing it)."""
+    if "IPython" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("IPython") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def start(kernel: Kernel, main: types.ModuleType) -> Optional[Any]:
-    """Create the kernel's IPython shell on ``main``, or None without IPython.
+    """Create the kernel's IPython shell on ``main``, or None without (a working) IPython.
 
     Must run after the kernel's import hooks are installed, so that IPython's display
     functions are sandlot's from their first import."""
+    _SERVING[:] = [kernel]
+    if _PRESTARTED and _PRESTARTED[0].user_module is main:
+        return _PRESTARTED.pop()
     try:
-        interactiveshell = importlib.import_module(SHELL_MODULE)
-        profiledir = importlib.import_module("IPython.core.profiledir")
-        displaypub = importlib.import_module("IPython.core.displaypub")
-        config_module = importlib.import_module("traitlets.config")
-    except Exception:
+        return _start(main)
+    except Exception:  # a broken IPython leaves the kernel with plain Python cells
         return None
-    shell_class = _shell_class(kernel, interactiveshell.InteractiveShell)
+
+
+def _kernel() -> Kernel:
+    return _SERVING[0]
+
+
+def _start(main: types.ModuleType) -> Any:
+    interactiveshell = importlib.import_module(SHELL_MODULE)
+    profiledir = importlib.import_module("IPython.core.profiledir")
+    displaypub = importlib.import_module("IPython.core.displaypub")
+    config_module = importlib.import_module("traitlets.config")
+    shell_class = _shell_class(interactiveshell.InteractiveShell)
     config = config_module.Config()
     config.HistoryManager.enabled = False  # no sqlite file, no saving thread
     config.InteractiveShell.colors = "nocolor"
@@ -97,16 +134,14 @@ def start(kernel: Kernel, main: types.ModuleType) -> Optional[Any]:
     # open; IPython's would end nothing in a kernel without a terminal.
     for name in ("exit", "quit", "open"):
         main.__dict__.pop(name, None)
-    shell.display_pub = _publisher_class(kernel, displaypub.DisplayPublisher)(
-        shell=shell, parent=shell
-    )
+    shell.display_pub = _publisher_class(displaypub.DisplayPublisher)(shell=shell, parent=shell)
 
     def formatter(
         obj: Any, include: Any = None, exclude: Any = None
     ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         # What IPython's own display() formats (modules that bound it before the
         # kernel patched it, in a zygote): sandlot's bundle, as the kernel's display().
-        return kernel.bundle(obj), {}
+        return _kernel().bundle(obj), {}
 
     shell.display_formatter.format = formatter
     import builtins
@@ -136,7 +171,7 @@ def record(shell: Any, count: int, raw: str, source: str) -> None:
         history.input_hist_parsed.append(source)
 
 
-def _shell_class(kernel: Kernel, base: Any) -> Any:
+def _shell_class(base: Any) -> Any:
     class SandlotShell(base):  # type: ignore[misc]
         """IPython's shell for a sandlot kernel (see the module docstring)."""
 
@@ -148,7 +183,7 @@ def _shell_class(kernel: Kernel, base: Any) -> Any:
         system_piped = system
 
         def _run_system(self, cmd: str) -> None:
-            kernel.flush_streams()  # what the cell printed before comes first
+            _kernel().flush_streams()  # what the cell printed before comes first
             status = subprocess.call(cmd, shell=True, executable=_shell_path())
             if status > 128:  # IPython's convention: killed by signal N is -N
                 status = -(status - 128)
@@ -158,7 +193,7 @@ def _shell_class(kernel: Kernel, base: Any) -> Any:
 
         def getoutput(self, cmd: str, split: bool = True, depth: int = 0) -> Any:
             expanded = self.var_expand(cmd, depth=depth + 1)
-            kernel.flush_streams()
+            _kernel().flush_streams()
             done = subprocess.run(
                 expanded,
                 shell=True,
@@ -195,7 +230,7 @@ def _shell_class(kernel: Kernel, base: Any) -> Any:
     return SandlotShell
 
 
-def _publisher_class(kernel: Kernel, base: Any) -> Any:
+def _publisher_class(base: Any) -> Any:
     class SandlotPublisher(base):  # type: ignore[misc]
         """Sends what IPython publishes (``publish_display_data``) as a result."""
 
@@ -203,7 +238,7 @@ def _publisher_class(kernel: Kernel, base: Any) -> Any:
             if not isinstance(data, dict):
                 return
             bundle = {str(mime): value for mime, value in data.items() if value is not None}
-            kernel.emit_bundle(bundle)
+            _kernel().emit_bundle(bundle)
 
         def clear_output(self, wait: bool = False) -> None:
             """Results already sent stay sent; accepted and ignored."""
