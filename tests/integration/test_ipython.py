@@ -204,6 +204,20 @@ def test_every_context_and_a_restarted_one_has_its_own_shell(fresh_sandbox: Sand
 
 
 @pytest.mark.all_backends
+def test_the_namespace_is_the_same_with_or_without_the_shell(fresh_sandbox: Sandbox) -> None:
+    """Whether the shell started with the kernel (zygote) or at this cell's ``!true``
+    (a cold kernel), a cell's names stay and IPython adds only get_ipython."""
+    sbx = fresh_sandbox
+    _ok(sbx.run_code("In = 'mine'\nOut = 'also mine'\n41 + 1"))
+    _ok(sbx.run_code("!true"))
+    execution = _ok(
+        sbx.run_code("(In, Out, _, sorted(n for n in globals() if not n.startswith('__')))")
+    )
+    names = "['In', 'Out', '_', '_exit_code', 'get_ipython']"  # _exit_code: from !true
+    assert execution.text == "('mine', 'also mine', 42, " + names + ")"
+
+
+@pytest.mark.all_backends
 def test_ipython_writes_no_history_and_no_config(sandbox: Sandbox) -> None:
     execution = _ok(
         sandbox.run_code(

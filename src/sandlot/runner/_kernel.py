@@ -283,11 +283,14 @@ class Kernel:
             self.shell = _shell.start(self, self.main)
             # Creating it set the display builtin to IPython's; the kernel's comes first.
             builtins.display = self.display  # type: ignore[attr-defined]
+            stub = self.namespace.get("get_ipython") == self._get_ipython
             if self.shell is None:
-                if self.namespace.get("get_ipython") == self._get_ipython:
+                if stub:
                     del self.namespace["get_ipython"]
                 with contextlib.suppress(AttributeError):
                     del builtins.get_ipython  # type: ignore[attr-defined]
+            elif stub:
+                self.namespace["get_ipython"] = self.shell.get_ipython
         return self.shell
 
     def _get_ipython(self) -> Optional[Any]:

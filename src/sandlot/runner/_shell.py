@@ -122,6 +122,7 @@ def _start(main: types.ModuleType) -> Any:
     config.InteractiveShell.colors = "nocolor"
     config.InteractiveShell.autocall = 0
     home = os.path.expanduser("~")
+    before = dict(main.__dict__)
     shell = shell_class.instance(
         config=config,
         # An existing directory, so IPython creates none; ProfileDir() without a
@@ -130,10 +131,16 @@ def _start(main: types.ModuleType) -> Any:
         profile_dir=profiledir.ProfileDir(),
         user_module=main,
     )
-    # The builtins stay the cells' exit/quit (SystemExit, reported as an error) and
-    # open; IPython's would end nothing in a kernel without a terminal.
-    for name in ("exit", "quit", "open"):
-        main.__dict__.pop(name, None)
+    # The namespace is as it was, plus get_ipython: a cell's own names (``_``, even
+    # ``In``) are not replaced when the shell starts after some cells, and it looks the
+    # same whether or not the shell has started (In, Out, _ih, _oh, _dh: IPython's
+    # history, which the kernel does not keep; exit, quit and open: the builtins stay,
+    # SystemExit is reported as an error).
+    for name in list(main.__dict__):
+        if name in before:
+            main.__dict__[name] = before[name]
+        elif name != "get_ipython":
+            del main.__dict__[name]
     shell.display_pub = _publisher_class(displaypub.DisplayPublisher)(shell=shell, parent=shell)
 
     def formatter(
@@ -160,9 +167,9 @@ def transform(shell: Any, code: str) -> Optional[str]:
 
 
 def record(shell: Any, count: int, raw: str, source: str) -> None:
-    """Keep ``In`` (for ``%history``) and the shell's execution count as a notebook would.
+    """Keep the shell's input history (``%history``) and execution count.
 
-    ``Out`` stays empty: it would keep every main result alive after the cell's own
+    No output history: it would keep every main result alive after the cell's own
     names are deleted, and a sandbox's memory is limited (``_`` holds the last one)."""
     with contextlib.suppress(Exception):
         shell.execution_count = count
