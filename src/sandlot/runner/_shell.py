@@ -9,16 +9,23 @@ namespace is the kernel's ``__main__``, with the parts that would leave the sand
 model changed:
 
 * shell commands (``!cmd``, ``%pip``, ``%sx``) run with ``subprocess`` on the kernel's
-  own stdout/stderr pipes, so their output is the cell's output and a timeout or an
-  interrupt stops them and the cell (IPython's defaults read them through a pty and
-  swallow Ctrl-C); the exit status is in ``_exit_code`` as in IPython;
+  own stdout/stderr pipes, so their output is the cell's output, and a timeout or an
+  interrupt ends them like any other child of the cell (IPython's defaults read them
+  through a pty and swallow Ctrl-C); the exit status is in ``_exit_code`` as in IPython;
 * an error that IPython would print (inside ``%%time``, ``%run``) is raised instead,
   so the kernel reports it as the cell's ``ExecutionError``;
 * ``display()`` and anything IPython publishes becomes a result event built by
   :mod:`sandlot.runner._display`, the same bundle as sandlot's own ``display()``;
 * ``%matplotlib`` keeps the headless backend: figures come back as PNG results when
   the cell ends or at ``plt.show()``, as without it;
-* no history database, no profile or config directory written, no terminal.
+* no history database, no profile or config directory written, no terminal; the
+  namespace gains only ``get_ipython`` (no ``In``/``Out``: they would keep every result
+  alive in a memory-limited sandbox).
+
+When the shell starts: a zygote makes one before it forks, and the default kernel
+forked from it takes it (no cost in the first cell). A kernel started as a new
+interpreter starts it on first need (IPython syntax, ``get_ipython()``, an import of
+IPython), so plain Python cells never pay for importing IPython.
 
 IPython is imported only here and only dynamically: the runner stays stdlib-only, and
 a template without IPython gets :func:`start` returning None (plain Python cells).
