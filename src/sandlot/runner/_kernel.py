@@ -280,9 +280,14 @@ class Kernel:
         """IPython's shell, started on first need; None if the template has no IPython."""
         if self.shell is None and self.ipython:
             self.ipython = False  # one attempt: a shell that failed to start stays off
-            self.shell = _shell.start(self, self.main)
-            # Creating it set the display builtin to IPython's; the kernel's comes first.
-            builtins.display = self.display  # type: ignore[attr-defined]
+            try:
+                self.shell = _shell.start(self, self.main)
+            except BaseException:
+                self.ipython = True  # interrupted (a timeout): the next cell tries again
+                raise
+            finally:
+                # Creating it set the display builtin to IPython's; the kernel's first.
+                builtins.display = self.display  # type: ignore[attr-defined]
             stub = self.namespace.get("get_ipython") == self._get_ipython
             if self.shell is None:
                 if stub:
