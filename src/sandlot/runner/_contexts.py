@@ -316,7 +316,12 @@ class KernelProcess:
         elif kind == "exit":
             self.drain_pipes(open_pipes)
             status = message.get("status")
-            if cell.timed_out and status in ("interrupted", "error"):
+            if cell.timed_out and status == "ok":
+                # The timeout killed what the cell was waiting for (a shell command,
+                # a subprocess) and the cell then ran to its end before the interrupt
+                # reached it: it still did not finish in time, and its output is cut.
+                self.supervisor.send(self.timeout_error(cell, restarted=False))
+            if cell.timed_out and status in ("interrupted", "error", "ok"):
                 status = "timeout"
             if status == "oom" and message.get("kept") is not True:
                 # The kernel exits right after this; finish only once a fresh kernel

@@ -113,10 +113,10 @@ def mimebundle(obj: Any) -> Dict[str, Any]:
     elif _from(module, "matplotlib") and type(obj).__name__ == "Figure":
         bundle.update(figure_bundle(obj))
     bundle.setdefault("text/plain", _safe_repr(obj))
-    return _json_safe_bundle(bundle)
+    return json_safe_bundle(bundle)
 
 
-def _json_safe_bundle(bundle: Dict[str, Any]) -> Dict[str, Any]:
+def json_safe_bundle(bundle: Dict[str, Any]) -> Dict[str, Any]:
     """Drop formats that cannot travel as JSON rather than failing the whole display."""
     safe: Dict[str, Any] = {}
     for mime, value in bundle.items():

@@ -9,6 +9,10 @@ subprocesses and C extensions is captured too, and nothing a cell prints can be
 mistaken for a protocol message. Python-level ``sys.stdout``/``sys.stderr`` are
 replaced by writers that send events on the socket directly, which keeps prints and
 displays in the order the cell produced them.
+
+The cells' namespace is the ``__main__`` module. A cell that is not Python (``!cmd``,
+``%magic``, indented as a whole) is rewritten by IPython when the template has it
+(:mod:`sandlot.runner._shell`); without IPython, cells are plain Python.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import types
 from typing import Any, Dict, List, Optional, Set
 
 from sandlot.protocol import encode
-from sandlot.runner import _display, _limits
+from sandlot.runner import _display, _limits, _shell
 
 FLUSH_INTERVAL = 0.05
 """Seconds a partial line may wait in the buffer before it is streamed anyway."""
@@ -161,11 +165,16 @@ class Kernel:
         self.config = config
         self.count = 0
         self.current_id: Optional[str] = None
-        self.namespace: Dict[str, Any] = {
-            "__name__": "__main__",
-            "__builtins__": builtins,
-            "__doc__": None,
-        }
+        # The cells' namespace is the ``__main__`` module's, as in a notebook: what a
+        # cell defines pickles by reference (``multiprocessing`` workers find it).
+        # (In a kernel forked from a zygote, the one of the shell made there.)
+        self.main = _shell.prestarted_main() or types.ModuleType("__main__")
+        self.namespace: Dict[str, Any] = self.main.__dict__
+        self.namespace["__builtins__"] = builtins
+        self.shell: Optional[Any] = None
+        """IPython's shell for cell syntax beyond Python, once started."""
+        self.ipython = False
+        """Whether the template has IPython and the shell was not started yet."""
         self.stdout = EventStream(self, "stdout")
         self.stderr = EventStream(self, "stderr")
         self.figures_shown: Set[int] = set()
@@ -187,16 +196,24 @@ class Kernel:
     def display(self, *objs: Any, is_main_result: bool = False) -> None:
         """The ``display()`` builtin: send each object as a rich result."""
         for obj in objs:
-            if _is_figure(obj):
-                self.figures_shown.add(id(obj))
+            data = self.bundle(obj)
             self.flush_streams()
-            self.emit(
-                {
-                    "type": "result",
-                    "data": _display.mimebundle(obj),
-                    "is_main_result": is_main_result,
-                }
-            )
+            self.emit({"type": "result", "data": data, "is_main_result": is_main_result})
+
+    def bundle(self, obj: Any) -> Dict[str, Any]:
+        """The MIME bundle of an object being displayed (a figure is then not sent again
+        when the cell ends)."""
+        if _is_figure(obj):
+            self.figures_shown.add(id(obj))
+        return _display.mimebundle(obj)
+
+    def emit_bundle(self, bundle: Dict[str, Any]) -> None:
+        """Send a MIME bundle someone else built (IPython's publish) as a result."""
+        bundle = _display.json_safe_bundle(bundle)
+        if not bundle:
+            return
+        self.flush_streams()
+        self.emit({"type": "result", "data": bundle, "is_main_result": False})
 
     def flush_figures(self) -> None:
         """Send every open matplotlib figure as a PNG result, then close them."""
@@ -221,21 +238,32 @@ class Kernel:
     def install(self) -> None:
         sys.stdout = self.stdout
         sys.stderr = self.stderr
+        sys.modules["__main__"] = self.main
         builtins.display = self.display  # type: ignore[attr-defined]
         # Like Jupyter: modules uploaded next to the notebook are importable.
         if "" not in sys.path:
             sys.path.insert(0, "")
+        self.ipython = _shell.available()
         hooks = {
             "matplotlib.pyplot": self._patch_pyplot,
             "IPython.core.display_functions": self._patch_ipython,
             "IPython.display": self._patch_ipython,
+            # Whatever imports IPython can see its shell: start it then, if not before.
+            "IPython": self._start_shell,
         }
         sys.meta_path.insert(0, _PostImportHook(hooks))
-        # A kernel forked from a zygote has some of them imported already.
+        # A kernel forked from a zygote has some of them imported already (IPython's
+        # shell then starts now, in a few milliseconds).
         for name, patch in hooks.items():
             module = sys.modules.get(name)
             if module is not None:
                 patch(module)
+        if self.ipython:
+            # Not imported yet (a cold kernel): importing IPython would cost every
+            # sandbox's first cell tens of milliseconds, so the shell starts when a cell
+            # needs it (IPython syntax, get_ipython(), an import of IPython).
+            self.namespace["get_ipython"] = self._get_ipython
+            builtins.get_ipython = self._get_ipython  # type: ignore[attr-defined]
         flusher = threading.Thread(target=self._flush_loop, name="sandlot-flush", daemon=True)
         flusher.start()
 
@@ -247,6 +275,35 @@ class Kernel:
                 self.stderr.flush_if_stale()
             except Exception:
                 pass
+
+    def ensure_shell(self) -> Optional[Any]:
+        """IPython's shell, started on first need; None if the template has no IPython."""
+        if self.shell is None and self.ipython:
+            self.ipython = False  # one attempt: a shell that failed to start stays off
+            try:
+                self.shell = _shell.start(self, self.main)
+            except BaseException:
+                self.ipython = True  # interrupted (a timeout): the next cell tries again
+                raise
+            finally:
+                # Creating it set the display builtin to IPython's; the kernel's first.
+                builtins.display = self.display  # type: ignore[attr-defined]
+            stub = self.namespace.get("get_ipython") == self._get_ipython
+            if self.shell is None:
+                if stub:
+                    del self.namespace["get_ipython"]
+                with contextlib.suppress(AttributeError):
+                    del builtins.get_ipython  # type: ignore[attr-defined]
+            elif stub:
+                self.namespace["get_ipython"] = self.shell.get_ipython
+        return self.shell
+
+    def _get_ipython(self) -> Optional[Any]:
+        """``get_ipython()`` before the shell started (it replaces this one)."""
+        return self.ensure_shell()
+
+    def _start_shell(self, module: Any) -> None:
+        self.ensure_shell()
 
     def _patch_pyplot(self, pyplot: Any) -> None:
         kernel = self
@@ -316,21 +373,37 @@ class Kernel:
             # starts a fresh kernel for this context.
             os._exit(0)
 
+    def _parse(self, code: str, filename: str) -> "tuple[ast.Module, str]":
+        """The cell's syntax tree, and the source it was parsed from.
+
+        Plain Python is parsed as it is. Anything else goes through IPython's input
+        transformers when there is a shell (whole-cell indentation, ``!cmd``,
+        ``%magic``, ``%%magic``...); a SyntaxError is that of the source that ran."""
+        try:
+            return ast.parse(code, filename=filename, mode="exec"), code
+        except SyntaxError:
+            shell = self.ensure_shell()
+            if shell is None:
+                raise
+            source = _shell.transform(shell, code)
+            if source is None or source.rstrip() == code.rstrip():
+                raise
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        return ast.parse(source, filename=filename, mode="exec"), source
+
     def _run_cell(self, code: str) -> str:
         filename = "<cell-%d>" % self.count
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        try:
-            tree = ast.parse(code, filename=filename, mode="exec")
-        except SyntaxError as exc:
-            self._report(exc)
-            return "error"
-        last: Optional[ast.expr] = None
-        silent = code.rstrip().endswith(";")
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = tree.body[-1].value
-            tree.body.pop()
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
         try:
+            # Inside the handlers below: IPython's transformers run Python code on the
+            # cell, which a timeout may interrupt or a huge cell may run out of memory in.
+            tree, source = self._parse(code, filename)  # a SyntaxError is reported below
+            last: Optional[ast.expr] = None
+            silent = code.rstrip().endswith(";") or source.rstrip().endswith(";")
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = tree.body[-1].value
+                tree.body.pop()
             body = compile(tree, filename, "exec", flags=flags)
             self._run(body)
             if last is not None:
@@ -341,6 +414,8 @@ class Kernel:
                     if not _is_figure(value):
                         self.display(value, is_main_result=True)
             self.flush_figures()
+            if self.shell is not None:
+                _shell.record(self.shell, self.count, code, source)
         except MemoryError:
             self.namespace.clear()
             gc.collect()

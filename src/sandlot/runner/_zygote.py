@@ -267,7 +267,7 @@ def _read_all(fd: int) -> bytes:
 def _preload(names: List[str]) -> None:
     """Import the runner and the preload modules once, for every sandbox to come."""
     # Both roles every sandbox runs: its supervisor, and its kernel forked from it.
-    from sandlot.runner import _kernel, _supervisor  # and, through it, every runner module
+    from sandlot.runner import _kernel, _shell, _supervisor  # and so every runner module
 
     # The home a sandbox's kernel starts with: matplotlib reads its settings and font
     # cache from there when it is imported, which is now. Each sandbox gets its own
@@ -278,6 +278,9 @@ def _preload(names: List[str]) -> None:
         sys.stderr.write("sandlot zygote: could not copy matplotlib settings: %s\n" % exc)
     # The kernel's own preload (headless matplotlib, errors on stderr, gc.freeze()).
     _kernel._preload(names)
+    # Every kernel makes an IPython shell (when the template has IPython): import it
+    # here once rather than in each sandbox's first cell.
+    _shell.preload()
     importlib.invalidate_caches()
     gc.collect()
     gc.freeze()
