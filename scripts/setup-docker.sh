@@ -49,7 +49,9 @@ if ! docker info >/dev/null 2>&1 || ((restart)); then
     sleep 1
   else
     log "starting dockerd"
-    nohup dockerd >/var/log/sandlot-dockerd.log 2>&1 &
+    # Started from / (not this checkout): an engine's working directory is where its
+    # helpers may drop files, and the test suite checks the repository root stays clean.
+    (cd / && nohup dockerd >/var/log/sandlot-dockerd.log 2>&1 &)
   fi
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null || { tail -20 /var/log/sandlot-dockerd.log; exit 1; }
@@ -59,7 +61,10 @@ fi
 if ! timeout 10 podman --url unix:///run/podman/podman.sock version >/dev/null 2>&1; then
   log "starting podman system service"
   mkdir -p /run/podman
-  nohup podman system service --time=0 unix:///run/podman/podman.sock >/var/log/sandlot-podman.log 2>&1 &
+  # From its own directory: conmon writes an empty file named "oom" into the service's
+  # working directory when a container is OOM-killed (it appeared at the repository root).
+  (cd /run/podman && nohup podman system service --time=0 unix:///run/podman/podman.sock \
+      >/var/log/sandlot-podman.log 2>&1 &)
   for _ in $(seq 1 60); do
     timeout 10 podman --url unix:///run/podman/podman.sock version >/dev/null 2>&1 && break
     sleep 0.5
