@@ -25,7 +25,7 @@ from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
 if TYPE_CHECKING:
     from sandlot._fold import Callbacks
     from sandlot._models import CommandResult, Context, EntryInfo, Execution, WriteInfo
-    from sandlot.backends import Backend
+    from sandlot.backends import Backend, SandboxHandle
     from sandlot.pool import Pool
 
 REQUEST_TIMEOUT = 60.0
@@ -71,6 +71,16 @@ class Core(Protocol):
     @property
     def restarts(self) -> int:
         """How often a new sandbox had to replace a dead one behind this object."""
+        ...
+
+    @property
+    def backend(self) -> Backend | None:
+        """The backend running the sandbox (None in remote mode)."""
+        ...
+
+    @property
+    def handle(self) -> SandboxHandle | None:
+        """The live backend handle (None before it starts, once dead, in remote mode)."""
         ...
 
     def is_running(self) -> bool: ...

@@ -39,7 +39,7 @@ from sandlot._models import (
     entries_from_wire,
     entry_from_wire,
 )
-from sandlot.backends import Backend
+from sandlot.backends import Backend, SandboxHandle
 from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
 
 STREAM_SLACK = 30.0
@@ -207,6 +207,14 @@ class RemoteCore:
     def _info(self) -> dict[str, Any]:
         info: dict[str, Any] = self._request("GET", self._path()).json()
         return info
+
+    @property
+    def backend(self) -> Backend | None:
+        return None  # the server picks its own
+
+    @property
+    def handle(self) -> SandboxHandle | None:
+        return None
 
     @property
     def restarts(self) -> int:

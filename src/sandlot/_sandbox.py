@@ -312,16 +312,14 @@ class Sandbox:
     @property
     def backend(self) -> Backend | None:
         """The backend running this sandbox (local mode; None in remote mode)."""
-        backend: Backend | None = getattr(self._core, "backend", None)
-        return backend
+        return self._core.backend
 
     @property
     def handle(self) -> SandboxHandle | None:
         """The backend's handle of the sandbox running now (local mode; None before it
         starts, after it died or was killed, and in remote mode). For hosts that
         supervise sandboxes, such as ``sandlot serve``; most code never needs it."""
-        handle: SandboxHandle | None = getattr(self._core, "handle", None)
-        return handle
+        return self._core.handle
 
     def __enter__(self) -> Sandbox:
         return self
