@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +208,35 @@ def test_idle_sandboxes_are_reaped(tmp_path: Path) -> None:
             metrics = client.get("/metrics").text
         assert 'sandlot_sandboxes_ended_total{reason="reaped"} 1.0' in metrics
         assert "sandlot_sandboxes_live 0.0" in metrics
+    finally:
+        server.stop()
+
+
+def test_a_sandbox_in_use_is_never_reaped_from_under_its_request(tmp_path: Path) -> None:
+    """A client uploading slowly, for several idle TTLs, gets its file written; the reaper
+    takes the sandbox only once the request is over (and then does)."""
+    server = ServerProcess(tmp_path / "state", "--idle-ttl", "1").start()
+    try:
+        key = server.key("slow-writer")
+        with _client(server, key) as client:
+            sandbox_id = client.post("/v1/sandboxes", json={"timeout": 600}).json()["sandbox_id"]
+            started = time.monotonic()
+
+            def slowly() -> Iterator[bytes]:
+                while time.monotonic() - started < 4:
+                    yield b"x" * 1024
+                    time.sleep(0.1)
+
+            written = client.post(
+                f"/v1/sandboxes/{sandbox_id}/files", params={"path": "slow.txt"}, content=slowly()
+            )
+            assert written.status_code == 200, written.text
+            read = client.get(f"/v1/sandboxes/{sandbox_id}/files", params={"path": "slow.txt"})
+            assert read.status_code == 200 and set(read.content) == {ord("x")}
+            _eventually(
+                lambda: client.get(f"/v1/sandboxes/{sandbox_id}").status_code == 404,
+                "the sandbox to be reaped once it was left idle",
+            )
     finally:
         server.stop()
 
