@@ -60,9 +60,13 @@ class PrecheckPolicy:
             raise InvalidArgumentError("allowed_imports must hold non-empty module names")
         return cls(mode, hook, imports)  # type: ignore[arg-type]  # mode checked above
 
-    def gate(self, code: str) -> tuple[str, PrecheckReport | None, Execution | None]:
-        """(code to run, its report, None) or (code, report, the refused Execution)."""
-        if self.mode == "off":
+    def gate(
+        self, code: str, language: str = "python"
+    ) -> tuple[str, PrecheckReport | None, Execution | None]:
+        """(code to run, its report, None) or (code, report, the refused Execution).
+
+        Only Python is checked: a bash cell gets no report (it is a shell by intent)."""
+        if self.mode == "off" or language != "python":
             return code, None, None
         report = check(code, allowed_imports=self.allowed_imports)
         if not report.flagged or self.mode == "report":

@@ -32,12 +32,14 @@ from sandlot.validate import (
     DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_CONTEXT,
     DEFAULT_SANDBOX_TIMEOUT,
+    cell_context,
     cell_timeout,
     check_cmd,
     check_envs,
     check_file_path,
     check_path,
     context_id,
+    kernel_language,
     seconds,
     upload_chunks,
 )
@@ -357,9 +359,9 @@ class Sandbox:
         ``Execution.status``; the kernel is restarted when it had to be killed.
         """
         limit = cell_timeout(code, language, timeout)
-        context_name = context_id(context)
+        context_name = cell_context(language, context)
         checked_envs = check_envs(envs)
-        code, report, refused = self._precheck.gate(code)
+        code, report, refused = self._precheck.gate(code, kernel_language(language))
         if refused is not None:
             return refused
         execution = self._core.run_code(
@@ -379,7 +381,7 @@ class Sandbox:
     def create_code_context(self, cwd: str | None = None, language: str | None = None) -> Context:
         if cwd:
             check_path(cwd)
-        return self._core.create_code_context(cwd, language)
+        return self._core.create_code_context(cwd, kernel_language(language))
 
     def list_code_contexts(self) -> list[Context]:
         return self._core.list_code_contexts()

@@ -21,7 +21,13 @@ from typing import IO, Any
 from sandlot._exceptions import InvalidArgumentError, PathNotAllowedError
 from sandlot._models import Context
 from sandlot.policy import MiB, Resources
-from sandlot.protocol import CHUNK_BYTES, NAME_MAX, PATH_MAX, WORKSPACE_ROOTS
+from sandlot.protocol import (
+    CHUNK_BYTES,
+    DEFAULT_BASH_CONTEXT,
+    NAME_MAX,
+    PATH_MAX,
+    WORKSPACE_ROOTS,
+)
 
 __all__ = [
     "DEFAULT_CELL_TIMEOUT",
@@ -29,6 +35,7 @@ __all__ = [
     "DEFAULT_CONTEXT",
     "DEFAULT_SANDBOX_TIMEOUT",
     "LANGUAGES",
+    "cell_context",
     "cell_timeout",
     "check_cmd",
     "check_envs",
@@ -37,6 +44,7 @@ __all__ = [
     "check_upload",
     "chunks",
     "context_id",
+    "kernel_language",
     "known_size",
     "seconds",
     "upload_chunks",
@@ -50,8 +58,10 @@ DEFAULT_SANDBOX_TIMEOUT = 300
 """Seconds a sandbox lives unless ``timeout`` says otherwise (as E2B)."""
 DEFAULT_CONTEXT = "default"
 """The code context a cell runs in when none is named."""
-LANGUAGES = (None, "python", "py", "python3")
-"""What ``run_code(language=...)`` accepts: sandlot runs Python."""
+LANGUAGES = (None, "python", "py", "python3", "bash")
+"""What ``run_code(language=...)`` accepts: Python, and bash (its own persistent context)."""
+_KERNELS = {None: "python", "": "python", "python": "python", "py": "python"}
+_KERNELS.update(python3="python", bash="bash")
 
 
 def seconds(timeout: float) -> float:
@@ -72,9 +82,31 @@ def cell_timeout(code: object, language: str | None, timeout: float | None) -> f
     """Check ``run_code``'s code and language; return the cell's timeout in seconds."""
     if not isinstance(code, str):
         raise InvalidArgumentError(f"code must be str, not {type(code).__name__}")
-    if language not in LANGUAGES:
-        raise InvalidArgumentError(f"language {language!r} is not supported; sandlot runs Python")
+    kernel_language(language)
     return DEFAULT_CELL_TIMEOUT if timeout is None else seconds(timeout)
+
+
+def kernel_language(language: object) -> str:
+    """The kernel a ``language`` names: ``"python"`` or ``"bash"``, or InvalidArgumentError."""
+    kernel = _KERNELS.get(language) if language is None or isinstance(language, str) else None
+    if kernel is None:
+        raise InvalidArgumentError(
+            f"language {language!r} is not supported: sandlot runs Python and bash "
+            "(JavaScript, TypeScript, R and Java kernels are not available)"
+        )
+    return kernel
+
+
+def cell_context(language: str | None, context: Context | str | None) -> str:
+    """The context a cell runs in: the one named, or the language's default context
+    (``run_code(code, language="bash")`` runs in a persistent bash context)."""
+    if kernel_language(language) == "bash":
+        if context is not None:
+            raise InvalidArgumentError(
+                "pass either language or context, not both: a context has its own language"
+            )
+        return DEFAULT_BASH_CONTEXT
+    return context_id(context)
 
 
 def check_cmd(cmd: object) -> str:

@@ -97,6 +97,12 @@ FATAL_LIMITS = "limits"
 (fail closed) with :class:`sandlot.IsolationUnavailable`."""
 FATAL_REASONS = frozenset({FATAL_LIMITS})
 
+KERNEL_LANGUAGES = frozenset({"python", "bash"})
+"""What a code context runs: Python, or bash with its variables, functions, aliases and
+working directory kept from cell to cell."""
+DEFAULT_BASH_CONTEXT = "default-bash"
+"""The context ``run_code(language="bash")`` runs in; made on first use."""
+
 EXIT_STATUSES = frozenset({"ok", "error", "timeout", "oom", "interrupted", "died"})
 
 

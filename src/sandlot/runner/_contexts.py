@@ -175,6 +175,7 @@ class KernelProcess:
             "memory_mb": self.supervisor.config.get("memory_mb"),
             "rlimits": self.supervisor.config.get("rlimits") or {},
             "preload": self.supervisor.config.get("preload") or [],
+            "language": self.language,
         }
         argv = [
             sys.executable,

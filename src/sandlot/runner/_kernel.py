@@ -40,7 +40,7 @@ import types
 from typing import Any, Dict, List, Optional, Set
 
 from sandlot.protocol import encode
-from sandlot.runner import _display, _limits, _shell
+from sandlot.runner import _bash, _display, _limits, _shell
 
 FLUSH_INTERVAL = 0.05
 """Seconds a partial line may wait in the buffer before it is streamed anyway."""
@@ -178,6 +178,9 @@ class Kernel:
         self.stdout = EventStream(self, "stdout")
         self.stderr = EventStream(self, "stderr")
         self.figures_shown: Set[int] = set()
+        self.bash = _bash.BashSession() if config.get("language") == "bash" else None
+        """A bash context's session (None: a Python context)."""
+        self.cell_envs: Dict[str, str] = {}
 
     # --- events -----------------------------------------------------------------------
     def emit(self, message: Dict[str, Any]) -> None:
@@ -338,6 +341,7 @@ class Kernel:
         envs = request.get("envs") or {}
         saved_env = {key: os.environ.get(key) for key in envs}
         os.environ.update({str(k): str(v) for k, v in envs.items()})
+        self.cell_envs = {str(k): str(v) for k, v in envs.items()}
         status = "ok"
         try:
             self.in_cell = True
@@ -392,6 +396,8 @@ class Kernel:
         return ast.parse(source, filename=filename, mode="exec"), source
 
     def _run_cell(self, code: str) -> str:
+        if self.bash is not None:
+            return self._run_bash(code)
         filename = "<cell-%d>" % self.count
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
@@ -454,6 +460,34 @@ class Kernel:
             self._report(exc)
             return "error"
         return "ok"
+
+    def _run_bash(self, code: str) -> str:
+        assert self.bash is not None
+        self.flush_streams()
+        try:
+            status = self.bash.run(code, self.cell_envs)
+        except KeyboardInterrupt as exc:
+            self._report(exc)
+            return "interrupted"
+        except OSError as exc:
+            self._report(exc)
+            return "error"
+        if status == 0:
+            return "ok"
+        if status in (-signal.SIGKILL, -signal.SIGINT):
+            # Killed by the supervisor (an interrupt or a timeout, whose SIGINT to this
+            # process may land later): reported as the interrupt it was.
+            self._report(KeyboardInterrupt())
+            return "interrupted"
+        self.emit(
+            {
+                "type": "error",
+                "name": "ExitCodeError",
+                "value": "bash exited with status %d" % (status if status > 0 else 128 - status),
+                "traceback": "",
+            }
+        )
+        return "error"
 
     def _run(self, code: types.CodeType) -> Any:
         if code.co_flags & CO_COROUTINE:

@@ -40,8 +40,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 from sandlot.protocol import (
     CHUNK_BYTES,
+    DEFAULT_BASH_CONTEXT,
     FATAL_LIMITS,
     HOST_REQUESTS,
+    KERNEL_LANGUAGES,
     PROTOCOL_VERSION,
     ProtocolViolation,
     decode,
@@ -194,19 +196,16 @@ class Supervisor:
         return kernel
 
     def on_create_context(self, request: Dict[str, Any]) -> None:
-        if request["language"] not in ("python", ""):
-            self.fail(
-                request["id"],
-                "InvalidArgumentError",
-                "unsupported language %r" % request["language"],
-            )
+        language = request["language"] or "python"
+        if language not in KERNEL_LANGUAGES:
+            self.fail(request["id"], "InvalidArgumentError", "unsupported language %r" % language)
             return
         cwd = self.resolve(request["cwd"] or self.workdir)
         if not os.path.isdir(cwd):
             self.fail(request["id"], "NotFoundError", "cwd %s is not a directory" % cwd)
             return
         context_id = uuid.uuid4().hex[:12]
-        kernel = self.start_kernel(context_id, cwd)
+        kernel = self.start_kernel(context_id, cwd, language)
         self.reply(request["id"], kernel.describe())
 
     def on_list_contexts(self, request: Dict[str, Any]) -> None:
@@ -241,6 +240,8 @@ class Supervisor:
 
     def on_execute(self, request: Dict[str, Any]) -> None:
         kernel = self.kernels.get(request["context"])
+        if kernel is None and request["context"] == DEFAULT_BASH_CONTEXT:
+            kernel = self.start_kernel(DEFAULT_BASH_CONTEXT, self.workdir, "bash")
         if kernel is None:
             rid = request["id"]
             message = "no code context %r" % request["context"]

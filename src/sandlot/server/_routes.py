@@ -28,13 +28,12 @@ from sandlot.server._store import Principal
 from sandlot.validate import (
     DEFAULT_CELL_TIMEOUT,
     DEFAULT_COMMAND_TIMEOUT,
+    cell_context,
     check_envs,
     check_path,
-    context_id,
     seconds,
 )
 
-LANGUAGES = (None, "python", "py", "python3")
 MAX_CELL_TIMEOUT = 86400.0
 """Longest cell or command a client may ask for (one day)."""
 
@@ -324,13 +323,9 @@ async def execute(
     adapt_result: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> StreamingResponse:
     """Validate, then stream the cell. Shared by the native and the E2B routes."""
-    if body.language not in LANGUAGES:
-        raise InvalidArgumentError(
-            f"language {body.language!r} is not supported; sandlot runs Python"
-        )
     # The same checks run_code makes, made before the 200 is sent so that they can
     # still be a 400.
-    context = context_id(body.context_id)
+    context = cell_context(body.language, body.context_id)
     timeout = seconds(body.timeout) if body.timeout is not None else default_timeout
     timeout = _within_cell_ceiling(state, entry.tenant, timeout, body.timeout is None)
     envs = check_envs(body.env_vars)
