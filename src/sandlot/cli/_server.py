@@ -118,6 +118,21 @@ _CEILING_HELP = (
     "backend's name (sandlot doctor lists them).",
 )
 @click.option(
+    "--pool-size",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Ready sandboxes (data stack imported) kept per warmed template, with the default "
+    "resources; a create that asks for them takes one at once. 0: no warm pool.",
+)
+@click.option(
+    "--pool-template",
+    "pool_templates",
+    multiple=True,
+    metavar="NAME",
+    help="Template to keep warm from start-up. Repeatable. Default: python-data.",
+)
+@click.option(
     "--egress-allow",
     "egress_allow",
     multiple=True,
@@ -198,6 +213,8 @@ def serve(
     shutdown_grace: float,
     unsafe_best_effort_limits: bool,
     backend: str,
+    pool_size: int,
+    pool_templates: tuple[str, ...],
     egress_allow: tuple[str, ...],
     egress_deny: tuple[str, ...],
     egress_max_bytes_in: int | None,
@@ -256,6 +273,8 @@ def serve(
         shutdown_grace=shutdown_grace,
         unsafe_best_effort_limits=unsafe_best_effort_limits,
         backend=backend,
+        pool_size=pool_size,
+        pool_templates=pool_templates or ("python-data",),
         egress=ceiling,
         egress_hosts=None if egress_hosts is None else _read_hosts(egress_hosts),
         audit_max_age=audit_max_age * 86400 if audit_max_age else None,

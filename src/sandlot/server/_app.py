@@ -166,6 +166,7 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
         manager.recover()
         _prune(store)
     manager.on_change.append(metrics.sandboxes_live.set)
+    metrics.watch_pool(lambda: None if manager.pool is None else manager.pool.stats())
 
     def count_end(reason: str) -> None:
         if reason in _ENDED:
@@ -182,6 +183,7 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.blocking(manager.warm_pool)  # after recover(): orphans are gone
         reaper = asyncio.create_task(_reap_forever(state))
         try:
             yield
@@ -233,6 +235,7 @@ async def _reap_forever(state: ServerState) -> None:
             await state.blocking(_prune, state.store)
         try:
             reaped = await state.blocking(state.manager.reap)
+            await state.blocking(state.manager.warm_pool)
         except Exception:
             log.exception("reaper failed")
             continue

@@ -19,7 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandlot import InvalidArgumentError, IsolationUnavailable, Resources, Sandbox, SandlotError
+from sandlot import (
+    InvalidArgumentError,
+    IsolationUnavailable,
+    Pool,
+    Resources,
+    Sandbox,
+    SandlotError,
+)
 from sandlot.backends import (
     Backend,
     RecoveryToken,
@@ -113,6 +120,10 @@ class SandboxManager:
         self.closing = False
         self.on_change: list[Any] = []
         """Called with the number of live sandboxes whenever it changes."""
+        self.pool: Pool | None = (
+            Pool(settings.pool_size, backend=settings.backend) if settings.pool_size else None
+        )
+        """The warm pool creates without a network policy take their sandbox from."""
         self.on_end: list[Any] = []
         """Called with a sandbox's end reason ("killed", "idle", "expired", ...), under
         the registry's lock: whoever sees the sandbox gone (a 404) sees it counted."""
@@ -199,6 +210,9 @@ class SandboxManager:
                 timeout=None,  # the manager expires it (see reap), so it is accounted for
                 metadata=dict(metadata),
                 unsafe_best_effort_limits=self.settings.unsafe_best_effort_limits,
+                # A ready one when there is one; a sandbox with a network policy has its
+                # own proxy wiring and always starts cold.
+                pool=None if policy.enabled else self.pool,
             )
         except IsolationUnavailable as exc:
             self._release(tenant, spec.memory_mb)
@@ -472,6 +486,18 @@ class SandboxManager:
             log.warning("could not interrupt cell %s: %s", cell.execution_id, escape(exc, 1024))
 
     # --- lifecycle ----------------------------------------------------------------------
+    def warm_pool(self) -> None:
+        """Keep the configured templates' default shape warm (called at start-up and by
+        the reaper, so those keys never go idle in the pool)."""
+        if self.pool is None or self.closing:
+            return
+        for template in self.settings.pool_templates:
+            self.pool.warm(
+                template,
+                resources=self.settings.ceilings,
+                unsafe_best_effort_limits=self.settings.unsafe_best_effort_limits,
+            )
+
     def reap(self) -> list[str]:
         """Kill sandboxes past their timeout, or idle longer than the idle TTL."""
         now = time.time()
@@ -496,6 +522,8 @@ class SandboxManager:
         """Graceful shutdown: refuse new work, let running cells finish for ``grace``
         seconds, interrupt the rest, kill every sandbox. Returns which cells did what."""
         self.closing = True
+        if self.pool is not None:
+            self.pool.close()  # its ready sandboxes belong to no one: killed at once
         with self._lock:
             cells = list(self.running.values())
         deadline = time.monotonic() + grace

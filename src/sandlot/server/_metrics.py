@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sandlot import PoolStats
 
 _LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -40,13 +46,6 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.pool = Counter(
-            "sandlot_pool_requests",
-            "Sandbox requests served from a warm pool (hit) or by a cold start (miss). "
-            "The server does not use a warm pool yet, so every start is a miss.",
-            ["result"],
-            registry=self.registry,
-        )
         self.requests_rejected = Counter(
             "sandlot_requests_rejected",
             "Requests refused, by reason (auth, quota, invalid, too_large).",
@@ -55,5 +54,28 @@ class Metrics:
         )
         for outcome in ("ok", "error", "timeout", "oom", "killed"):
             self.executions.labels(outcome)
-        for result in ("hit", "miss"):
-            self.pool.labels(result)
+
+    def watch_pool(self, stats: Callable[[], PoolStats | None]) -> None:
+        """Export the warm pool's counters, read when scraped."""
+        self.registry.register(_PoolCollector(stats))
+
+
+class _PoolCollector(Collector):
+    def __init__(self, stats: Callable[[], PoolStats | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats() or PoolStats()
+        requests = CounterMetricFamily(
+            "sandlot_pool_requests",
+            "Sandbox creates that asked the warm pool: served ready (hit) or started on the "
+            "request (miss: nothing ready of that template and resources yet). Creates with "
+            "a network policy, or on a server without a pool, start cold and are not counted.",
+            labels=["result"],
+        )
+        requests.add_metric(["hit"], stats.hits)
+        requests.add_metric(["miss"], stats.misses)
+        yield requests
+        yield GaugeMetricFamily(
+            "sandlot_pool_ready", "Ready sandboxes in the warm pool.", value=stats.size
+        )

@@ -271,7 +271,6 @@ async def create_sandbox(request: Request, body: CreateSandbox, principal: Auth)
         network=None if body.network is None else body.network.model_dump(exclude_unset=True),
     )
     state.metrics.sandboxes_created.inc()
-    state.metrics.pool.labels("miss").inc()
     state.metrics.sandbox_start_seconds.observe(time.monotonic() - started)
     return SandboxInfo(**entry.info())
 

@@ -92,6 +92,13 @@ class ServerSettings:
     worker_threads: int = 256
     """Threads for blocking sandbox calls (each running cell holds one)."""
     backend: str = "auto"
+    pool_size: int = 2
+    """Ready sandboxes kept per warmed template (``sandlot serve --pool-size``), started
+    with the server's default resources (``ceilings``) and the data stack imported, so a
+    create that leaves ``resources`` out (as the E2B client does) takes one at once. A
+    shape asked for within the pool's TTL is kept warm too. 0: every create starts cold."""
+    pool_templates: tuple[str, ...] = ("python-data",)
+    """Templates kept warm from start-up (``sandlot serve --pool-template``)."""
     unsafe_best_effort_limits: bool = False
     """Start sandboxes even where whole-sandbox cgroup limits cannot be applied."""
     egress: NetworkPolicy = field(default_factory=NetworkPolicy)
