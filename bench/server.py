@@ -1,0 +1,220 @@
+"""The server path, side by side with the local SDK, in one run on one machine.
+
+Rows (each p50 / p95 / p99 over ``--runs`` runs, after one warm-up):
+
+* ``local pool``: ``Sandbox(pool=...)`` in this process, create -> first result of a
+  pandas cell (the floor the server path adds to);
+* ``remote pool``: the remote SDK against ``sandlot serve`` on 127.0.0.1 with its warm
+  pool (the default), create -> first result of the same cell;
+* ``remote cold``: the same against a server with ``--pool-size 0``;
+* ``e2b client``: the unmodified ``e2b_code_interpreter`` client in E2B's normal mode
+  (``E2B_API_URL``/``E2B_SANDBOX_URL`` at the server), ``Sandbox.create()`` -> first
+  ``run_code`` result, when the package is installed and the server speaks E2B's wire;
+* ``1+1`` round trip: plain ``eval`` in this process (the floor), the local SDK, the
+  remote SDK over loopback, and the E2B client.
+
+Each timed create waits first until the server's pool has a ready sandbox again (its
+refill rate is not what these rows measure). Run::
+
+    .venv/bin/python bench/server.py --runs 30
+
+It prints a Markdown table and writes ``bench/results/server-<UTC time>.md``. Numbers on
+a shared 2-core machine are noisy: read them next to the load average printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from sandlot import Pool, Sandbox
+
+CELL = "import pandas as pd\npd.DataFrame({'a': [1, 2, 3]})['a'].sum()"
+RESULTS = Path(__file__).parent / "results"
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
+
+
+def _row(name: str, values: list[float]) -> str:
+    if not values:
+        return f"| {name} | not measured |"
+    p50, p95, p99 = (_pct(values, p) for p in (50, 95, 99))
+    return f"| {name} | {p50:.2f} / {p95:.2f} / {p99:.2f} | {len(values)} |"
+
+
+def _time(
+    fn: Callable[[], object], runs: int, before: Callable[[], None] | None = None
+) -> list[float]:
+    fn()  # warm-up, not counted
+    values = []
+    for _ in range(runs):
+        if before is not None:
+            before()
+        started = time.perf_counter()
+        fn()
+        values.append((time.perf_counter() - started) * 1000)
+    return values
+
+
+@contextmanager
+def _server(state: Path, *args: str) -> Iterator[tuple[str, str, Callable[[], None]]]:
+    """A ``sandlot serve`` on 127.0.0.1: (url, key, wait until its pool has a sandbox)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SANDLOT_API_", "E2B_"))}
+    env["SANDLOT_SERVER_DIR"] = str(state)
+    log_path = state / "server.log"
+    state.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandlot", "serve", "--port", "0", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        url = ""
+        deadline = time.monotonic() + 120
+        while not url:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"sandlot serve did not come up:\n{log_path.read_text()}")
+            found = re.search(r"running on (http://127\.0\.0\.1:\d+)", log_path.read_text())
+            url = found.group(1) if found else ""
+            time.sleep(0.1)
+        key = subprocess.run(
+            [sys.executable, "-m", "sandlot", "keys", "create", "--tenant", "bench"],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout.split()[-1]
+
+        def ready() -> None:
+            limit = time.monotonic() + 120
+            while time.monotonic() < limit:
+                text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}).text
+                match = re.search(r"^sandlot_pool_ready (\S+)$", text, re.MULTILINE)
+                if match is None or float(match.group(1)) >= 1:
+                    return
+                time.sleep(0.05)
+
+        yield url, key, ready
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args()
+    rows: list[str] = []
+
+    with Pool(size=1) as pool:
+        pool.warm()
+
+        def local_create() -> None:
+            with Sandbox(pool=pool) as sbx:
+                sbx.run_code(CELL)
+
+        def local_ready() -> None:
+            while pool.stats().size < 1:
+                time.sleep(0.05)
+
+        rows.append(
+            _row("local pool: create -> first result", _time(local_create, args.runs, local_ready))
+        )
+        with Sandbox(pool=pool) as sbx:
+            rows.append(
+                _row("local SDK: `1+1`", _time(lambda: sbx.run_code("1+1"), args.runs * 10))
+            )
+    rows.append(_row("plain python: `eval('1+1')`", _time(lambda: eval("1+1"), args.runs * 10)))
+
+    with tempfile.TemporaryDirectory(prefix="sandlot-bench-") as tmp:
+        with _server(Path(tmp) / "pooled", "--pool-size", "1") as (url, key, ready):
+
+            def remote_create() -> None:
+                with Sandbox(api_url=url, api_key=key) as sbx:
+                    sbx.run_code(CELL)
+
+            rows.append(
+                _row("remote pool: create -> first result", _time(remote_create, args.runs, ready))
+            )
+            with Sandbox(api_url=url, api_key=key) as sbx:
+                rows.append(
+                    _row("remote SDK: `1+1`", _time(lambda: sbx.run_code("1+1"), args.runs * 10))
+                )
+            rows.extend(_e2b_rows(url, key, ready, args.runs))
+        with _server(Path(tmp) / "cold", "--pool-size", "0") as (url, key, _):
+
+            def cold_create() -> None:
+                with Sandbox(api_url=url, api_key=key) as sbx:
+                    sbx.run_code(CELL)
+
+            rows.append(
+                _row(
+                    "remote cold: create -> first result",
+                    _time(cold_create, max(3, args.runs // 5)),
+                )
+            )
+
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    table = "\n".join(
+        [
+            f"# Server path, {stamp} ({os.cpu_count()} CPUs, load average {load})",
+            "",
+            "| row | p50 / p95 / p99 ms | runs |",
+            "|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+    print(table)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"server-{stamp}.md").write_text(table)
+    return 0
+
+
+def _e2b_rows(url: str, key: str, ready: Callable[[], None], runs: int) -> list[str]:
+    """The unmodified E2B client in its normal mode, if installed and answered."""
+    try:
+        from e2b_code_interpreter import Sandbox as E2BSandbox
+    except ImportError:
+        return [_row("e2b client (not installed)", [])]
+    options = {"api_key": key, "api_url": url, "sandbox_url": url}
+
+    def create() -> None:
+        sbx = E2BSandbox.create(**options)
+        try:
+            sbx.run_code(CELL)
+        finally:
+            sbx.kill()
+
+    try:
+        create()
+    except Exception as exc:  # the server does not speak E2B's normal mode
+        return [_row(f"e2b client ({type(exc).__name__})", [])]
+    rows = [_row("e2b client: create -> first result", _time(create, runs, ready))]
+    sbx = E2BSandbox.create(**options)
+    try:
+        rows.append(_row("e2b client: `1+1`", _time(lambda: sbx.run_code("1+1"), runs * 10)))
+    finally:
+        sbx.kill()
+    return rows
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
