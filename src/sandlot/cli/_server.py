@@ -177,6 +177,14 @@ _CEILING_HELP = (
     show_default=True,
     help="Rows each audit table keeps at most, oldest deleted first; 0: no cap.",
 )
+@click.option(
+    "--audit-sync",
+    type=click.Choice(["normal", "full"]),
+    default="normal",
+    show_default=True,
+    help="SQLite audit commits: normal survives a crash of the server; full also a power "
+    "loss or kernel crash, at an fsync per row (milliseconds per cell).",
+)
 @click.option("--ceiling", "ceilings", multiple=True, metavar="NAME=VALUE", help=_CEILING_HELP)
 @click.option(
     "--max-sandbox-timeout",
@@ -223,6 +231,7 @@ def serve(
     egress_hosts: Path | None,
     audit_max_age: float,
     audit_max_rows: int,
+    audit_sync: str,
     ceilings: tuple[str, ...],
     max_sandbox_timeout: float,
     max_cell_timeout: float,
@@ -279,6 +288,7 @@ def serve(
         egress_hosts=None if egress_hosts is None else _read_hosts(egress_hosts),
         audit_max_age=audit_max_age * 86400 if audit_max_age else None,
         audit_max_rows=audit_max_rows or None,
+        audit_sync=audit_sync,
         ceilings=resource_ceilings,
         max_sandbox_timeout=max_sandbox_timeout,
         max_cell_timeout=max_cell_timeout,

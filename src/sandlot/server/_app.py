@@ -159,6 +159,7 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
         settings.resolved_database_url,
         audit_max_age=settings.audit_max_age,
         audit_max_rows=settings.audit_max_rows,
+        audit_sync=settings.audit_sync,
     )
     metrics = Metrics()
     manager = SandboxManager(settings, store)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Literal, Any
 
 from sandlot import InvalidArgumentError
 from sandlot.policy import MiB, NetworkPolicy, Resources
@@ -119,6 +119,12 @@ class ServerSettings:
     audit_max_rows: int | None = 1_000_000
     """Rows each audit table (cells, egress records) keeps at most, oldest deleted
     first; None: no cap. ``sandlot serve --audit-max-rows``."""
+    audit_sync: Literal["normal", "full"] = "normal"
+    """SQLite's commit of each audit and key row (``sandlot serve --audit-sync``):
+    ``normal`` survives a crash or kill of the server (the row is in the write-ahead log
+    before the cell runs); ``full`` also survives a power loss or kernel crash, at an
+    fsync per row (several milliseconds per cell on common disks). PostgreSQL commits as
+    its own settings say."""
     audit_prune_interval: float = 60.0
     """Seconds between two applications of the retention (also applied at start; the
     egress row cap is also applied on every write)."""

@@ -1,8 +1,10 @@
 """The server's database: tenants, API keys (hashed), sandboxes it started, and the audit trail.
 
-SQLAlchemy Core, so the same code runs on the embedded default (SQLite in WAL mode
-with ``synchronous=FULL``: a row is on disk when its write returns, so it survives a
-crash of the server) and on PostgreSQL (``postgresql+psycopg://...``; install a
+SQLAlchemy Core, so the same code runs on the embedded default (SQLite in WAL mode; by
+default ``synchronous=NORMAL``: a row is in the write-ahead log when its write returns,
+so it survives a crash or kill of the server, and a power loss or kernel crash may lose
+the last moments' rows; ``audit_sync="full"`` fsyncs every write, which survives those
+too at a few milliseconds per write) and on PostgreSQL (``postgresql+psycopg://...``; install a
 driver). Every method is synchronous and thread-safe; the server calls them from
 worker threads.
 
@@ -19,10 +21,10 @@ import hmac
 import json
 import secrets
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -174,13 +176,21 @@ class TenantQuotas:
     max_memory_mb: int | None
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    # WAL: readers never block the writer; FULL: a committed row survives a crash.
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.close()
+AuditSync = Literal["normal", "full"]
+"""How SQLite commits (see the module docstring); PostgreSQL follows its own settings."""
+
+
+def _sqlite_pragmas(sync: AuditSync) -> Callable[[Any, Any], None]:
+    def apply(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        # WAL: readers never block the writer, and with NORMAL a commit is one write to
+        # the log (durable across a crash of the server, not of the machine).
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
+        cursor.execute("PRAGMA busy_timeout=10000")
+        cursor.close()
+
+    return apply
 
 
 def _hash_secret(secret: str) -> str:
@@ -197,6 +207,7 @@ class Store:
         *,
         audit_max_age: float | None = None,
         audit_max_rows: int | None = None,
+        audit_sync: AuditSync = "normal",
     ) -> None:
         """``audit_max_age``: seconds the audit trail keeps a row (None: forever);
         ``audit_max_rows``: rows each audit table keeps at most (None: no cap). Both
@@ -207,6 +218,8 @@ class Store:
             raise InvalidArgumentError("audit_max_age must be a positive number of seconds")
         if audit_max_rows is not None and audit_max_rows < 1:
             raise InvalidArgumentError("audit_max_rows must be a positive number of rows")
+        if audit_sync not in ("normal", "full"):
+            raise InvalidArgumentError(f"audit_sync must be normal or full, not {audit_sync!r}")
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.url = url
@@ -214,7 +227,7 @@ class Store:
         self.audit_max_rows = audit_max_rows
         self.engine: Engine = sa.create_engine(url, future=True)
         if self.engine.dialect.name == "sqlite":
-            sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+            sa.event.listen(self.engine, "connect", _sqlite_pragmas(audit_sync))
         _metadata.create_all(self.engine)
         self._add_missing_columns()
 
