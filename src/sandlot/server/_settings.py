@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal, Any
+from typing import Any, Literal
 
 from sandlot import InvalidArgumentError
 from sandlot.policy import MiB, NetworkPolicy, Resources
