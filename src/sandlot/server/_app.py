@@ -58,14 +58,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(sandlot.SandlotError)
     async def sandlot_error(request: Request, exc: sandlot.SandlotError) -> JSONResponse:
-        sandbox_id = request.path_params.get("sandbox_id")
-        if isinstance(exc, sandlot.SandboxLost | sandlot.SandboxClosed) and sandbox_id:
-            try:
-                principal = await authenticate(request)
-                state_of(request).manager.get(principal, sandbox_id)
-            except ApiError:
-                # Killed (or expired) while this request was using it: the client's race.
-                return _error(404, "SandboxNotFound", f"sandbox {sandbox_id!r} was killed")
+        entry = getattr(request.state, "sandbox", None)
+        if (
+            isinstance(exc, sandlot.SandboxLost | sandlot.SandboxClosed)
+            and entry is not None
+            and not state_of(request).manager.registered(entry)
+        ):
+            # Killed (or expired) while this request was using it: the client's race.
+            return _error(404, "SandboxNotFound", f"sandbox {entry.sandbox_id!r} was killed")
         status = next((code for cls, code in _STATUS if isinstance(exc, cls)), 500)
         if status == 500:
             # The message may quote what a sandbox sent: escaped, one line, capped.

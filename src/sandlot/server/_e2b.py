@@ -13,7 +13,7 @@ The key travels as the password of the URL
 stack turns into an ``Authorization: Basic`` header.
 """
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -32,7 +32,9 @@ from sandlot.server._routes import (
     create_context,
     download,
     execute,
+    leased,
     list_contexts,
+    sandbox_of,
     upload,
 )
 from sandlot.server._state import authenticate, state_of
@@ -41,23 +43,22 @@ from sandlot.server._store import Principal
 Auth = Annotated[Principal, Depends(authenticate)]
 
 
-async def _default_sandbox(request: Request, principal: Auth) -> ManagedSandbox:
+async def _default_sandbox(request: Request, principal: Auth) -> AsyncIterator[ManagedSandbox]:
     state = state_of(request)
-    return await state.blocking(state.manager.tenant_default, principal)
-
-
-async def _named_sandbox(request: Request, sandbox_id: str, principal: Auth) -> ManagedSandbox:
-    return state_of(request).manager.get(principal, sandbox_id)
+    async with leased(request, await state.blocking(state.manager.tenant_default, principal)) as e:
+        yield e
 
 
 def e2b_routers() -> list[APIRouter]:
     return [
         _router("/e2b", _default_sandbox, "e2b (default sandbox)"),
-        _router("/e2b/sandboxes/{sandbox_id}", _named_sandbox, "e2b (named sandbox)"),
+        _router("/e2b/sandboxes/{sandbox_id}", sandbox_of, "e2b (named sandbox)"),
     ]
 
 
-def _router(prefix: str, resolve: Callable[..., Awaitable[ManagedSandbox]], tag: str) -> APIRouter:
+def _router(
+    prefix: str, resolve: Callable[..., AsyncIterator[ManagedSandbox]], tag: str
+) -> APIRouter:
     router = APIRouter(prefix=prefix, tags=[tag])
     Target = Annotated[ManagedSandbox, Depends(resolve)]
     suffix = "named" if "{" in prefix else "default"

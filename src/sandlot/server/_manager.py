@@ -60,7 +60,6 @@ class ManagedSandbox:
     last_used: float
     active: int = 0
     """Requests in progress; a sandbox is never idle-reaped while one runs."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def sandbox_id(self) -> str:
@@ -345,15 +344,20 @@ class SandboxManager:
             self._pending_memory[tenant] -= memory_mb
 
     def tenant_default(self, principal: Principal) -> ManagedSandbox:
-        """The tenant's default sandbox (for clients that cannot name one), made on first use.
+        """The tenant's default sandbox (for clients that cannot name one), made on first use
+        and leased to the caller (see :meth:`lease`; hand it back with :meth:`release`).
 
         It is reaped like any other (idle TTL), and a new one starts on the next request.
         """
         with self._default_lock:
-            for entry in self.owned_by(principal):
-                if entry.metadata.get(DEFAULT_MARK) == "default":
-                    return entry
-            return self.create(
+            with self._lock:
+                for entry in self._sandboxes.values():
+                    if (
+                        entry.tenant == principal.tenant
+                        and entry.metadata.get(DEFAULT_MARK) == "default"
+                    ):
+                        return self._lease_locked(entry)
+            entry = self.create(
                 principal,
                 template="python-data",
                 timeout=None,
@@ -361,6 +365,11 @@ class SandboxManager:
                 metadata={DEFAULT_MARK: "default"},
                 resources=None,
             )
+            # Leased before the reaper can see it idle (a zero idle TTL would reap it now).
+            with self._lock:
+                if self._sandboxes.get(entry.sandbox_id) is not entry:
+                    raise ApiError(404, "SandboxNotFound", "the default sandbox was killed")
+                return self._lease_locked(entry)
 
     def get(self, principal: Principal, sandbox_id: str) -> ManagedSandbox:
         """The tenant's sandbox, or 404: another tenant's id is indistinguishable from none."""
@@ -368,6 +377,32 @@ class SandboxManager:
             entry = self._sandboxes.get(sandbox_id)
         if entry is None or entry.tenant != principal.tenant:
             raise ApiError(404, "SandboxNotFound", f"sandbox {sandbox_id!r} not found")
+        return entry
+
+    def lease(self, principal: Principal, sandbox_id: str) -> ManagedSandbox:
+        """:meth:`get`, and mark the sandbox in use until :meth:`release`: the reaper never
+        takes a sandbox from under a request that already holds it.
+
+        The check and the mark are one step under the registry's lock, as is the reaper's
+        decision, so a request either sees 404 or keeps its sandbox for its whole length.
+        """
+        with self._lock:
+            entry = self._sandboxes.get(sandbox_id)
+            if entry is None or entry.tenant != principal.tenant:
+                raise ApiError(404, "SandboxNotFound", f"sandbox {sandbox_id!r} not found")
+            return self._lease_locked(entry)
+
+    def release(self, entry: ManagedSandbox) -> None:
+        self.touch(entry, -1)
+
+    def registered(self, entry: ManagedSandbox) -> bool:
+        """Whether ``entry`` is still live (False once killed, reaped or expired)."""
+        with self._lock:
+            return self._sandboxes.get(entry.sandbox_id) is entry
+
+    def _lease_locked(self, entry: ManagedSandbox) -> ManagedSandbox:
+        entry.active += 1
+        entry.last_used = time.time()
         return entry
 
     def owned_by(self, principal: Principal) -> list[ManagedSandbox]:
@@ -381,24 +416,34 @@ class SandboxManager:
     def kill(self, entry: ManagedSandbox, reason: str) -> bool:
         """Destroy a sandbox; False if it was already gone."""
         with self._lock:
-            if self._sandboxes.pop(entry.sandbox_id, None) is None:
+            if not self._unregister_locked(entry, reason):
                 return False
-            for callback in self.on_end:
-                callback(reason)
-            self._changed_locked()
+        self._destroy(entry, reason)
+        return True
+
+    def _unregister_locked(self, entry: ManagedSandbox, reason: str) -> bool:
+        if self._sandboxes.get(entry.sandbox_id) is not entry:
+            return False
+        del self._sandboxes[entry.sandbox_id]
+        for callback in self.on_end:
+            callback(reason)
+        self._changed_locked()
+        return True
+
+    def _destroy(self, entry: ManagedSandbox, reason: str) -> None:
         entry.sandbox.kill()
         try:
             self.store.sandbox_ended(entry.sandbox_id, reason)
         except Exception:  # the sandbox is gone either way; recover() closes the row
             log.exception("could not record the end of sandbox %s", entry.sandbox_id)
         log.info("sandbox %s ended (%s)", entry.sandbox_id, reason)
-        return True
 
     def set_timeout(self, entry: ManagedSandbox, timeout: float | None) -> None:
         entry.expires_at = time.time() + self._lifetime(timeout, entry.tenant)
 
     def touch(self, entry: ManagedSandbox, delta: int) -> None:
-        with entry.lock:
+        # The registry's lock, not the entry's: the reaper decides under it (see lease).
+        with self._lock:
             entry.active += delta
             entry.last_used = time.time()
 
@@ -430,17 +475,22 @@ class SandboxManager:
     def reap(self) -> list[str]:
         """Kill sandboxes past their timeout, or idle longer than the idle TTL."""
         now = time.time()
-        reaped = []
-        for entry in self.all():
-            if now >= entry.expires_at:
-                reason = "expired"
-            elif entry.active == 0 and now - entry.last_used >= self.settings.idle_ttl:
-                reason = "idle"
-            else:
-                continue
-            if self.kill(entry, reason):
-                reaped.append(entry.sandbox_id)
-        return reaped
+        doomed: list[tuple[ManagedSandbox, str]] = []
+        with self._lock:
+            # Decided and unregistered in one step: a request that leased a sandbox
+            # keeps it, one that comes later sees 404 (never a sandbox dying under it).
+            for entry in list(self._sandboxes.values()):
+                if now >= entry.expires_at:
+                    reason = "expired"
+                elif entry.active == 0 and now - entry.last_used >= self.settings.idle_ttl:
+                    reason = "idle"
+                else:
+                    continue
+                if self._unregister_locked(entry, reason):
+                    doomed.append((entry, reason))
+        for entry, reason in doomed:
+            self._destroy(entry, reason)
+        return [entry.sandbox_id for entry, _ in doomed]
 
     def drain(self, grace: float) -> dict[str, list[str]]:
         """Graceful shutdown: refuse new work, let running cells finish for ``grace``

@@ -6,6 +6,7 @@ Routes only translate HTTP to calls on :class:`sandlot.Sandbox` objects held by 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 import time
@@ -226,11 +227,34 @@ async def metrics(request: Request, principal: Auth) -> Response:
 # --- sandboxes ------------------------------------------------------------------------
 
 
-async def sandbox_of(request: Request, sandbox_id: str, principal: Auth) -> ManagedSandbox:
+async def sandbox_of(
+    request: Request, sandbox_id: str, principal: Auth
+) -> AsyncIterator[ManagedSandbox]:
+    """The caller's sandbox, leased for the request (never reaped from under it)."""
+    manager = state_of(request).manager
+    async with leased(request, manager.lease(principal, sandbox_id)) as entry:
+        yield entry
+
+
+@contextlib.asynccontextmanager
+async def leased(request: Request, entry: ManagedSandbox) -> AsyncIterator[ManagedSandbox]:
+    # Kept on the request: the error handler tells "killed while in use" (404) apart
+    # from a fault of a live sandbox (503).
+    request.state.sandbox = entry
+    try:
+        yield entry
+    finally:
+        state_of(request).manager.release(entry)
+
+
+async def known_sandbox(request: Request, sandbox_id: str, principal: Auth) -> ManagedSandbox:
+    """The caller's sandbox, not leased: reading or managing it is not using it (a client
+    polling its info does not keep it from the idle reaper)."""
     return state_of(request).manager.get(principal, sandbox_id)
 
 
 Owned = Annotated[ManagedSandbox, Depends(sandbox_of)]
+Known = Annotated[ManagedSandbox, Depends(known_sandbox)]
 
 
 @router.post("/v1/sandboxes", status_code=201, tags=["sandboxes"])
@@ -259,18 +283,18 @@ async def list_sandboxes(request: Request, principal: Auth) -> list[SandboxInfo]
 
 
 @router.get("/v1/sandboxes/{sandbox_id}", tags=["sandboxes"])
-async def get_sandbox(entry: Owned) -> SandboxInfo:
+async def get_sandbox(entry: Known) -> SandboxInfo:
     return SandboxInfo(**entry.info())
 
 
 @router.delete("/v1/sandboxes/{sandbox_id}", status_code=204, tags=["sandboxes"])
-async def kill_sandbox(request: Request, entry: Owned) -> None:
+async def kill_sandbox(request: Request, entry: Known) -> None:
     state = state_of(request)
     await state.blocking(state.manager.kill, entry, "killed")  # counted by the manager
 
 
 @router.post("/v1/sandboxes/{sandbox_id}/timeout", status_code=204, tags=["sandboxes"])
-async def set_timeout(request: Request, entry: Owned, body: SetTimeout) -> None:
+async def set_timeout(request: Request, entry: Known, body: SetTimeout) -> None:
     state_of(request).manager.set_timeout(entry, body.timeout)
 
 
