@@ -400,13 +400,10 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         entries.sort(key=lambda e: (e.created_at, e.sandbox_id), reverse=reverse)
         if nextToken:
             cursor = _cursor(nextToken)
-            entries = [
-                e
-                for e in entries
-                if ((e.created_at, e.sandbox_id) < cursor)
-                == reverse  # after the cursor in this order
-                and (e.created_at, e.sandbox_id) != cursor
-            ]
+            # The items after the cursor in this order: a sandbox that ended since the
+            # last page does not shift the next one.
+            after = (lambda key: key < cursor) if reverse else (lambda key: key > cursor)
+            entries = [e for e in entries if after((e.created_at, e.sandbox_id))]
         page, rest = entries[:limit], entries[limit:]
         headers = {}
         if rest:

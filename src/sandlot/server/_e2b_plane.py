@@ -44,6 +44,7 @@ from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandlot import EntryInfo, FileType, InvalidArgumentError, SandlotError, stream_only
+from sandlot.server._e2b import DEBUG_SANDBOX_ID, e2b_result
 from sandlot.server._e2b_control import (
     TOKEN_HEADER,
     TRAFFIC_TOKEN_HEADER,
@@ -70,8 +71,6 @@ log = logging.getLogger("sandlot.server")
 
 ENVD_PORT = "49983"
 JUPYTER_PORT = "49999"
-DEBUG_SANDBOX_ID = "debug_sandbox_id"
-"""The id the E2B SDK sends in debug mode, where it has no sandbox id of its own."""
 CONNECT_SERVICES = ("/filesystem.Filesystem/", "/process.Process/")
 
 
@@ -161,7 +160,15 @@ async def resolve_debug(
     leased. Returns it and the path without the prefix."""
     principal = await _principal_by_key(state, headers)
     if principal is None:
-        raise ApiError(401, "AuthenticationError", "a valid API key is required")
+        # The E2B SDK sends its debug-mode Connect calls without the URL's credentials.
+        raise ApiError(
+            401,
+            "AuthenticationError",
+            "a valid API key is required; in debug mode the E2B SDK sends none to envd's "
+            "Connect services (files.list/exists/get_info/make_dir/rename/remove, "
+            "commands): use E2B's normal mode (E2B_API_URL and E2B_SANDBOX_URL set to this "
+            "server, E2B_API_KEY a sandlot key; see docs/e2b.md)",
+        )
     named = _NAMED.match(path)
     if named:
         return state.manager.lease(principal, named.group(1)), principal, named.group(2)
@@ -213,6 +220,8 @@ class E2bWire:
             target = Target(self.state, entry, principal)
         except ApiError as exc:
             target = exc
+            if debug:  # the Connect app answers the error in Connect's shape
+                path = _connect_suffix(path)
         token = _TARGET.set(target)
         try:
             app = self.connect(path) or (None if debug else self.plane)
@@ -226,6 +235,14 @@ class E2bWire:
             _TARGET.reset(token)
             if entry is not None:
                 self.state.manager.release(entry)
+
+
+def _connect_suffix(path: str) -> str:
+    """``/e2b[/sandboxes/ID]/filesystem.Filesystem/Stat`` -> ``/filesystem.Filesystem/Stat``."""
+    for service in CONNECT_SERVICES:
+        if service in path:
+            return path[path.index(service) :]
+    return path
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
@@ -308,8 +325,6 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
 
     @app.post("/execute")
     async def run(target: Current, body: Execute) -> StreamingResponse:
-        from sandlot.server._e2b import e2b_result
-
         state = target.state
         return await execute(
             state, target.principal, target.entry, body, state.settings.e2b_cell_timeout, e2b_result
