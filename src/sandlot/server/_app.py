@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
@@ -20,7 +20,7 @@ import sandlot
 from sandlot.safetext import escape
 from sandlot.server._e2b import e2b_routers
 from sandlot.server._e2b_control import WireRegistry, control_router
-from sandlot.server._e2b_plane import E2bWire, connect_apps, plane_app
+from sandlot.server._e2b_plane import E2bWire, connect_unavailable, plane_app
 from sandlot.server._manager import ApiError, SandboxManager
 from sandlot.server._metrics import Metrics
 from sandlot.server._routes import router
@@ -219,7 +219,7 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
         state=state,
         registry=registry,
         plane=plane_app(_STATUS),
-        connect=connect_apps(settings.max_body_bytes),
+        connect=_connect_apps(settings.max_body_bytes),
     )
     app.add_middleware(BodyLimit, settings=settings)
     app.include_router(router)
@@ -232,6 +232,16 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
         return JSONResponse(app.openapi())
 
     return app
+
+
+def _connect_apps(read_max_bytes: int) -> Callable[[str], ASGIApp | None]:
+    """envd's Connect services, served with the stubs of the ``e2b`` package; without
+    it (an install without the server extra) their paths answer 501 saying so."""
+    try:
+        from sandlot.server import _e2b_envd
+    except ImportError as exc:
+        return connect_unavailable(str(exc))
+    return _e2b_envd.apps(read_max_bytes)
 
 
 _ENDED = {"killed": "killed", "idle": "reaped", "expired": "reaped"}

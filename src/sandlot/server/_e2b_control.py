@@ -402,8 +402,15 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             cursor = _cursor(nextToken)
             # The items after the cursor in this order: a sandbox that ended since the
             # last page does not shift the next one.
-            after = (lambda key: key < cursor) if reverse else (lambda key: key > cursor)
-            entries = [e for e in entries if after((e.created_at, e.sandbox_id))]
+            entries = [
+                e
+                for e in entries
+                if (
+                    (e.created_at, e.sandbox_id) < cursor
+                    if reverse
+                    else (e.created_at, e.sandbox_id) > cursor
+                )
+            ]
         page, rest = entries[:limit], entries[limit:]
         headers = {}
         if rest:

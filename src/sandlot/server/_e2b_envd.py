@@ -11,7 +11,10 @@ The sandbox each call acts on was resolved and leased by
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import itertools
+import shlex
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
@@ -24,17 +27,84 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 from starlette.types import ASGIApp
 
 import sandlot
-from sandlot.server._e2b_plane import (
-    CONNECT_SERVICES,
-    Target,
-    command_line,
-    current,
-    entry_fields,
-    next_pid,
-    run_blocking,
-    stream_command,
-)
+from sandlot import EntryInfo, FileType, SandlotError, stream_only
+from sandlot.server._e2b_plane import CONNECT_SERVICES, Target, current
 from sandlot.server._manager import ApiError
+
+_PIDS = itertools.count(1000)
+
+
+def next_pid() -> int:
+    """A number for a started process: sandlot's foreground commands have no pid the
+    client could use yet (background processes land with sandlot's process API)."""
+    return next(_PIDS)
+
+
+def entry_fields(info: EntryInfo) -> dict[str, Any]:
+    kind = {FileType.FILE: 1, FileType.DIR: 2}.get(info.type, 0) if info.type else 0
+    return {
+        "name": info.name,
+        "type": kind,
+        "path": info.path,
+        "size": info.size,
+        "mode": info.mode,
+        "permissions": info.permissions,
+        "modified_time": info.modified_time,
+        "symlink_target": info.symlink_target,
+    }
+
+
+def command_line(cmd: str, args: list[str]) -> str:
+    return shlex.join([cmd, *args])
+
+
+async def run_blocking(target: Target, function: Callable[..., Any], *args: Any) -> Any:
+    return await target.state.blocking(function, *args)
+
+
+async def stream_command(
+    target: Target,
+    cmd: str,
+    cwd: str | None,
+    envs: dict[str, str],
+    timeout: float,
+) -> AsyncIterator[tuple[str, Any]]:
+    """Run a foreground command with sandlot's ``commands.run``, yielding
+    ``("stdout"|"stderr", bytes)`` as it prints, then ``("end", CommandResult)``."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def push(item: tuple[str, Any]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def work() -> None:
+        try:
+            result = target.entry.sandbox.commands.run(
+                cmd,
+                cwd=cwd,
+                envs=envs,
+                timeout=timeout,
+                on_stdout=stream_only(lambda m: push(("stdout", m.line.encode()))),
+                on_stderr=stream_only(lambda m: push(("stderr", m.line.encode()))),
+            )
+            push(("end", result))
+        except SandlotError as exc:
+            push(("error", exc))
+        except BaseException as exc:  # surfaced to the client, logged by the caller
+            push(("error", exc))
+
+    future = loop.run_in_executor(target.state.executor, work)
+    try:
+        while True:
+            kind, value = await queue.get()
+            yield kind, value
+            if kind in ("end", "error"):
+                return
+    finally:
+        # A client gone mid-command: the command runs to its timeout (sandlot has no
+        # way to stop a foreground command yet); its output is dropped.
+        future.add_done_callback(lambda f: f.exception())
+
 
 _CODES: tuple[tuple[type[BaseException], Code], ...] = (
     # First match wins: subclasses before their parents.

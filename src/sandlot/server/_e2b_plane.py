@@ -26,13 +26,11 @@ services, authenticated by API key as the rest of ``/e2b``.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
+import json
 import dataclasses
-import itertools
 import logging
 import re
-import shlex
 import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
@@ -43,14 +41,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandlot import EntryInfo, FileType, InvalidArgumentError, SandlotError, stream_only
+from sandlot import InvalidArgumentError
 from sandlot.server._e2b import DEBUG_SANDBOX_ID, e2b_result
 from sandlot.server._e2b_control import (
     TOKEN_HEADER,
     TRAFFIC_TOKEN_HEADER,
     E2bRoute,
     WireRegistry,
-    status_of,
     token_matches,
 )
 from sandlot.server._manager import ApiError, ManagedSandbox
@@ -246,8 +243,6 @@ def _connect_suffix(path: str) -> str:
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
-    import json
-
     await send(
         {
             "type": "http.response.start",
@@ -390,109 +385,22 @@ async def _gunzip(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         raise InvalidArgumentError("the gzip body is truncated")
 
 
-# --- envd's Connect services --------------------------------------------------------------
+# --- envd's Connect services ---------------------------------------------------------------
 
 
-def connect_apps(read_max_bytes: int) -> Callable[[str], ASGIApp | None]:
-    """The ``connectrpc`` ASGI apps of envd's filesystem and process services (stubs
-    from the ``e2b`` package), by the path they serve. Without ``e2b`` installed, the
-    Connect paths answer 501 saying so."""
-    try:
-        from sandlot.server import _e2b_envd
-    except ImportError as exc:
-        missing = str(exc)
+def connect_unavailable(missing: str) -> Callable[[str], ASGIApp | None]:
+    """What answers the Connect paths when the server lacks the ``e2b`` package (whose
+    stubs :mod:`sandlot.server._e2b_envd` serves): 501, saying so."""
 
-        async def unavailable(scope: Scope, receive: Receive, send: Send) -> None:
-            await _send_json(
-                send,
-                501,
-                {
-                    "code": "unimplemented",
-                    "message": "envd's Connect services need the 'e2b' package on the server "
-                    f"(pip install 'sandlot[server]'): {missing}",
-                },
-            )
+    async def unavailable(scope: Scope, receive: Receive, send: Send) -> None:
+        await _send_json(
+            send,
+            501,
+            {
+                "code": "unimplemented",
+                "message": "envd's Connect services need the 'e2b' package on the server "
+                f"(pip install 'sandlot[server]'): {missing}",
+            },
+        )
 
-        return lambda path: unavailable if path.startswith(CONNECT_SERVICES) else None
-    return _e2b_envd.apps(read_max_bytes)
-
-
-# Helpers the Connect services share (kept here so _e2b_envd holds only the stubs' glue).
-
-_PIDS = itertools.count(1000)
-
-
-def next_pid() -> int:
-    """A number for a started process: sandlot's foreground commands have no pid the
-    client could use yet (background processes land with sandlot's process API)."""
-    return next(_PIDS)
-
-
-def entry_fields(info: EntryInfo) -> dict[str, Any]:
-    kind = {FileType.FILE: 1, FileType.DIR: 2}.get(info.type, 0) if info.type else 0
-    return {
-        "name": info.name,
-        "type": kind,
-        "path": info.path,
-        "size": info.size,
-        "mode": info.mode,
-        "permissions": info.permissions,
-        "modified_time": info.modified_time,
-        "symlink_target": info.symlink_target,
-    }
-
-
-def command_line(cmd: str, args: list[str]) -> str:
-    return shlex.join([cmd, *args])
-
-
-async def run_blocking(target: Target, function: Callable[..., Any], *args: Any) -> Any:
-    return await target.state.blocking(function, *args)
-
-
-async def stream_command(
-    target: Target,
-    cmd: str,
-    cwd: str | None,
-    envs: dict[str, str],
-    timeout: float,
-) -> AsyncIterator[tuple[str, Any]]:
-    """Run a foreground command with sandlot's ``commands.run``, yielding
-    ``("stdout"|"stderr", bytes)`` as it prints, then ``("end", CommandResult)``."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-    def push(item: tuple[str, Any]) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    def work() -> None:
-        try:
-            result = target.entry.sandbox.commands.run(
-                cmd,
-                cwd=cwd,
-                envs=envs,
-                timeout=timeout,
-                on_stdout=stream_only(lambda m: push(("stdout", m.line.encode()))),
-                on_stderr=stream_only(lambda m: push(("stderr", m.line.encode()))),
-            )
-            push(("end", result))
-        except SandlotError as exc:
-            push(("error", exc))
-        except BaseException as exc:  # surfaced to the client, logged by the caller
-            push(("error", exc))
-
-    future = loop.run_in_executor(target.state.executor, work)
-    try:
-        while True:
-            kind, value = await queue.get()
-            yield kind, value
-            if kind in ("end", "error"):
-                return
-    finally:
-        # A client gone mid-command: the command runs to its timeout (sandlot has no
-        # way to stop a foreground command yet); its output is dropped.
-        future.add_done_callback(lambda f: f.exception())
-
-
-def status_for(exc: BaseException, table: tuple[tuple[type[Exception], int], ...]) -> int:
-    return status_of(exc, table) if isinstance(exc, Exception) else 500
+    return lambda path: unavailable if path.startswith(CONNECT_SERVICES) else None
