@@ -27,8 +27,8 @@ services, authenticated by API key as the rest of ``/e2b``.
 from __future__ import annotations
 
 import contextvars
-import json
 import dataclasses
+import json
 import logging
 import re
 import zlib
