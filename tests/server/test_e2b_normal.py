@@ -205,9 +205,11 @@ def test_list_filters_by_metadata_and_pages(wire: Wire) -> None:
 
         with pytest.raises(SandboxNotFoundException):
             Sandbox.connect(made[0].sandbox_id, **wire.opts(wire.other_key))
+        assert Sandbox.get_info(made[2].sandbox_id, **wire.opts()).metadata["n"] == "2"
+        Sandbox.set_timeout(made[2].sandbox_id, 30, **wire.opts())
     finally:
-        for sbx in made:
-            sbx.kill()
+        assert [Sandbox.kill(sbx.sandbox_id, **wire.opts()) for sbx in made] == [True] * 3
+    assert Sandbox.kill(made[0].sandbox_id, **wire.opts()) is False
 
 
 def test_envd_refuses_requests_without_the_sandbox_token(wire: Wire) -> None:
@@ -262,6 +264,27 @@ def test_template_aliases_and_unknown_names(wire: Wire) -> None:
         Sandbox.create("no-such-template", **wire.opts())
 
 
+def test_internet_access_stays_within_the_egress_ceiling(wire: Wire) -> None:
+    """This server lets tenants reach nothing: E2B's default (internet on) is no
+    network; asking for it explicitly, or for a destination, is refused."""
+    from e2b import Sandbox, SandboxException
+
+    sbx = Sandbox.create(timeout=60, **wire.opts())
+    try:
+        assert sbx.get_info().allow_internet_access is False
+        probe = sbx.commands.run(
+            "python -c \"import socket; socket.create_connection(('127.0.0.1', 9), 2)\" "
+            "2>&1 || true"
+        )
+        assert "Error" in probe.stdout
+    finally:
+        sbx.kill()
+    with pytest.raises(SandboxException, match="no network destinations"):
+        Sandbox.create(allow_internet_access=True, **wire.opts())
+    with pytest.raises(SandboxException, match="400"):
+        Sandbox.create(network={"allow_out": ["pypi.org"]}, **wire.opts())
+
+
 def test_not_implemented_calls_raise_the_sdks_errors(wire: Wire) -> None:
     from e2b import Sandbox, SandboxException
 
@@ -275,8 +298,8 @@ def test_not_implemented_calls_raise_the_sdks_errors(wire: Wire) -> None:
         with pytest.raises(SandboxException, match="not implemented by sandlot"):
             handle.kill()
         assert handle.wait().stdout == "bg\n"
-        metrics = sbx.get_metrics()
-        assert all(m.mem_total > 0 for m in metrics)
+        [metrics] = sbx.get_metrics()
+        assert metrics.mem_total > 0 and metrics.mem_used > 0
     finally:
         sbx.kill()
 

@@ -291,10 +291,22 @@ def _network(state: ServerState, principal: Principal, body: NewSandbox) -> dict
     allowed = state.store.tenant_egress(principal.tenant)
     if allowed is None:
         allowed = list(state.settings.egress.allow_out)
-    network = body.network or {}
+    network = dict(body.network or {})
+    if network.get("allowPublicTraffic") is False:
+        del network["allowPublicTraffic"]  # nothing reaches a sandlot sandbox from outside
+    unknown = sorted(set(network) - {"allowOut", "denyOut"})
+    if unknown:
+        raise ApiError(
+            400,
+            "InvalidArgumentError",
+            f"network options not supported by sandlot: {', '.join(unknown)} "
+            "(it takes allowOut and denyOut)",
+        )
     if "allowOut" in network or "denyOut" in network:
+        # allowOut left out: what the tenant may reach, less denyOut.
+        allow_out = network.get("allowOut")
         wanted = {
-            "allow_out": list(network.get("allowOut") or []),
+            "allow_out": list(allowed if allow_out is None else allow_out),
             "deny_out": list(network.get("denyOut") or []),
         }
         return wanted if wanted["allow_out"] else None
