@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandlot import InvalidArgumentError
+from sandlot import InvalidArgumentError, SandlotError
 from sandlot.server._e2b import DEBUG_SANDBOX_ID, e2b_result
 from sandlot.server._e2b_control import (
     TOKEN_HEADER,
@@ -215,8 +215,11 @@ class E2bWire:
             else:
                 entry, principal = await resolve_normal(self.state, self.registry, headers)
             target = Target(self.state, entry, principal)
-        except ApiError as exc:
-            target = exc
+        except (ApiError, SandlotError) as exc:
+            # SandlotError: the default sandbox could not start (debug mode).
+            target = (
+                exc if isinstance(exc, ApiError) else ApiError(503, type(exc).__name__, str(exc))
+            )
             if debug:  # the Connect app answers the error in Connect's shape
                 path = _connect_suffix(path)
         token = _TARGET.set(target)
