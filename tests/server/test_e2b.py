@@ -152,3 +152,34 @@ def test_a_named_sandbox_and_a_wrong_key(e2b: E2B, monkeypatch: pytest.MonkeyPat
             Sandbox.create().run_code("1")
     finally:
         httpx.delete(f"{e2b.server.url}/v1/sandboxes/{sandbox_id}", headers=headers)
+
+
+def test_envd_connect_calls_in_debug_mode_fail_loudly(client_env: E2B) -> None:
+    """In debug mode the E2B SDK sends envd's Connect calls (files.exists/list/...,
+    commands) without the URL's credentials: they are refused, naming the fix, never
+    answered wrongly (files.exists of an existing file was False)."""
+    from e2b.exceptions import AuthenticationException
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create()
+    sbx.files.write("dbg/a.txt", "a")
+    assert sbx.files.read("dbg/a.txt") == "a"  # the HTTP file routes carry the key
+    with pytest.raises(AuthenticationException, match="normal mode"):
+        sbx.files.exists("dbg/a.txt")
+    with pytest.raises(AuthenticationException, match="normal mode"):
+        sbx.files.list("dbg")
+    with pytest.raises(AuthenticationException, match="normal mode"):
+        sbx.commands.run("echo hi")
+
+
+def test_debug_mode_connect_to_an_unknown_id_fails_loudly(client_env: E2B) -> None:
+    """Sandbox.connect(id) in debug mode sends the id in E2b-Sandbox-Id: an unknown one
+    is an error, never the default sandbox answering in its place."""
+    from e2b.exceptions import NotFoundException
+    from e2b_code_interpreter import Sandbox
+
+    ghost = Sandbox.connect("no-such-id")
+    with pytest.raises(NotFoundException):
+        ghost.run_code("1")
+    with pytest.raises(NotFoundException):
+        ghost.files.read("anything.txt")

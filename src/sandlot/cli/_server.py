@@ -208,6 +208,14 @@ _CEILING_HELP = (
     help="Seconds a client may leave a cell's stream unread, with 8 MiB waiting for it, "
     "before the cell is cut.",
 )
+@click.option(
+    "--e2b-template",
+    "e2b_templates",
+    multiple=True,
+    metavar="NAME=TEMPLATE",
+    help="Map an E2B template name to a sandlot template for E2B's SDKs (added to, or "
+    "replacing, the defaults base and code-interpreter-v1 -> python-data). Repeatable.",
+)
 def serve(
     host: str,
     port: int,
@@ -236,11 +244,12 @@ def serve(
     max_sandbox_timeout: float,
     max_cell_timeout: float,
     client_stall_timeout: float,
+    e2b_templates: tuple[str, ...],
 ) -> None:
     """Serve the sandbox API over HTTP (127.0.0.1 unless --host says otherwise)."""
     from sandlot import NetworkPolicy, PolicyError, Resources
     from sandlot.backends import backend_names
-    from sandlot.server import Quotas
+    from sandlot.server import E2B_TEMPLATES, Quotas
     from sandlot.server import serve as run_server
 
     if backend != "auto" and backend not in backend_names():
@@ -266,6 +275,15 @@ def serve(
         )
     except PolicyError as exc:
         raise click.BadParameter(str(exc), param_hint="--egress-allow/--egress-deny") from exc
+
+    aliases = dict(E2B_TEMPLATES)
+    for item in e2b_templates:
+        name, sep, template = item.partition("=")
+        if not sep or not name.strip() or not template.strip():
+            raise click.BadParameter(
+                f"{item!r}: expected NAME=TEMPLATE", param_hint="--e2b-template"
+            )
+        aliases[name.strip()] = template.strip()
 
     defaults = Quotas()
     quotas = Quotas(
@@ -293,6 +311,7 @@ def serve(
         max_sandbox_timeout=max_sandbox_timeout,
         max_cell_timeout=max_cell_timeout,
         client_stall_timeout=client_stall_timeout,
+        e2b_templates=aliases,
     )
     logging.basicConfig(level=logging.INFO)
     for handler in logging.getLogger().handlers:

@@ -18,10 +18,17 @@ import logging
 from typing import Any
 
 from sandlot.server._app import create_app
-from sandlot.server._settings import TIMEOUT_CEILINGS, Quotas, ServerSettings, default_state_dir
+from sandlot.server._settings import (
+    E2B_TEMPLATES,
+    TIMEOUT_CEILINGS,
+    Quotas,
+    ServerSettings,
+    default_state_dir,
+)
 from sandlot.server._store import Store, TenantQuotas
 
 __all__ = [
+    "E2B_TEMPLATES",
     "TIMEOUT_CEILINGS",
     "Quotas",
     "ServerSettings",

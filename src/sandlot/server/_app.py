@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
@@ -19,6 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import sandlot
 from sandlot.safetext import escape
 from sandlot.server._e2b import e2b_routers
+from sandlot.server._e2b_control import WireRegistry, control_router
+from sandlot.server._e2b_plane import E2bWire, connect_unavailable, plane_app
 from sandlot.server._manager import ApiError, SandboxManager
 from sandlot.server._metrics import Metrics
 from sandlot.server._routes import router
@@ -211,8 +213,20 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
     )
     app.state.sandlot = state
     install_error_handlers(app)
+    # E2B's wire: requests naming a sandbox in E2B's headers go to the sandbox plane
+    # (inside BodyLimit, which therefore bounds their bodies too).
+    registry = WireRegistry()
+    app.state.e2b_wire = registry
+    app.add_middleware(
+        E2bWire,
+        state=state,
+        registry=registry,
+        plane=plane_app(_STATUS),
+        connect=_connect_apps(settings.max_body_bytes),
+    )
     app.add_middleware(BodyLimit, settings=settings)
     app.include_router(router)
+    app.include_router(control_router(_STATUS))
     for e2b_router in e2b_routers():
         app.include_router(e2b_router)
 
@@ -221,6 +235,16 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
         return JSONResponse(app.openapi())
 
     return app
+
+
+def _connect_apps(read_max_bytes: int) -> Callable[[str], ASGIApp | None]:
+    """envd's Connect services, served with the stubs of the ``e2b`` package; without
+    it (an install without the server extra) their paths answer 501 saying so."""
+    try:
+        from sandlot.server import _e2b_envd
+    except ImportError as exc:
+        return connect_unavailable(str(exc))
+    return _e2b_envd.apps(read_max_bytes)
 
 
 _ENDED = {"killed": "killed", "idle": "reaped", "expired": "reaped"}

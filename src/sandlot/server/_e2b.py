@@ -11,6 +11,11 @@ In debug mode (``E2B_DEBUG=true``) that client sends both its code-interpreter c
 The key travels as the password of the URL
 (``E2B_SANDBOX_URL=http://sandlot:KEY@127.0.0.1:8000/e2b``), which the client's HTTP
 stack turns into an ``Authorization: Basic`` header.
+
+envd's Connect services (``files.list/exists/get_info/make_dir/rename/remove``,
+``commands.run``) are served under the same prefixes by
+:class:`sandlot.server._e2b_plane.E2bWire`. E2B's normal mode (a control plane, no
+debug flag) is :mod:`sandlot.server._e2b_control` and :mod:`sandlot.server._e2b_plane`.
 """
 
 from collections.abc import AsyncIterator, Callable
@@ -41,11 +46,21 @@ from sandlot.server._state import authenticate, state_of
 from sandlot.server._store import Principal
 
 Auth = Annotated[Principal, Depends(authenticate)]
+DEBUG_SANDBOX_ID = "debug_sandbox_id"
+"""The id the E2B SDK sends in debug mode, where it has no sandbox id of its own."""
 
 
 async def _default_sandbox(request: Request, principal: Auth) -> AsyncIterator[ManagedSandbox]:
+    """The tenant's default sandbox; or, once the client connected to a sandbox by id
+    (``Sandbox.connect(id)`` sends it as ``E2b-Sandbox-Id``), that one, and 404 if it
+    does not exist (never the default sandbox in its place)."""
     state = state_of(request)
-    async with leased(request, await state.blocking(state.manager.tenant_default, principal)) as e:
+    named = request.headers.get("e2b-sandbox-id")
+    if named and named != DEBUG_SANDBOX_ID:
+        entry = state.manager.lease(principal, named)
+    else:
+        entry = await state.blocking(state.manager.tenant_default, principal)
+    async with leased(request, entry) as e:
         yield e
 
 

@@ -15,6 +15,15 @@ TIMEOUT_CEILINGS = ("sandbox_timeout", "cell_timeout")
 """Per-tenant ceilings that are not resources: seconds a sandbox may live, a cell run."""
 
 
+E2B_TEMPLATES: Mapping[str, str] = {
+    "base": "python-data",
+    "code-interpreter-v1": "python-data",
+    "code-interpreter": "python-data",
+}
+"""The default E2B template aliases: the names the E2B SDKs create sandboxes from by
+default (``base``, ``code-interpreter-v1``) run sandlot's ``python-data``."""
+
+
 def check_ceilings(ceilings: Resources, where: str = "ceilings") -> None:
     """A server never runs a sandbox without a limit: every ceiling must be set."""
     missing = [name for name in Resources.__dataclass_fields__ if getattr(ceilings, name) is None]
@@ -79,6 +88,10 @@ class ServerSettings:
     a request leaves out gets the ceiling; a value above it is refused (400), and so is
     ``null``, which would mean no limit. Every field must be set. Default: sandlot's
     defaults (``Resources()``)."""
+    e2b_templates: Mapping[str, str] = field(default_factory=lambda: dict(E2B_TEMPLATES))
+    """E2B template names -> sandlot templates, for E2B's control plane
+    (``sandlot serve --e2b-template NAME=TEMPLATE`` adds or overrides entries). A name
+    neither here nor among the table's templates is refused (404)."""
     e2b_cell_timeout: float = 3600.0
     """Cell timeout on the E2B routes, whose client sends none (it bounds the wait itself
     and disconnects, which interrupts the cell)."""

@@ -1,0 +1,568 @@
+"""E2B's control plane, as the unmodified E2B SDKs call it in their normal mode.
+
+With ``E2B_API_URL`` set to this server, ``Sandbox.create()``, ``Sandbox.list()``,
+``Sandbox.connect(id)``, ``get_info``, ``set_timeout``, ``kill`` and ``get_metrics``
+arrive here (``/v2/sandboxes``, ``/sandboxes/{id}``...), with the sandlot API key in
+``X-API-Key``. Every call goes through the :class:`SandboxManager`, so tenants,
+ceilings, quotas and the audit trail apply as on ``/v1``.
+
+A sandbox created here gets an access token (E2B's ``envdAccessToken``, also handed out
+as its ``trafficAccessToken``): the sandbox plane (:mod:`sandlot.server._e2b_plane`)
+serves a request for the sandbox only with that token or an API key of its tenant.
+
+Errors have E2B's shape, ``{"code": STATUS, "message": ...}``, which the SDK turns into
+its exceptions (404: ``SandboxNotFoundException``, 401: ``AuthenticationException``...).
+Pause, resume, snapshots, fork and network updates answer 501 in that shape: sandlot
+does not persist sandboxes yet.
+
+These routes are E2B's API, described by E2B's own OpenAPI document; they are left
+out of sandlot's.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import hmac
+import secrets
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+import sandlot
+from sandlot.server._manager import DEFAULT_MARK, ApiError, ManagedSandbox
+from sandlot.server._state import ServerState, authenticate, state_of
+from sandlot.server._store import Principal
+
+ENVD_VERSION = "0.5.7"
+"""The envd version sandlot answers as: the SDK then uploads files as multipart (or
+octet-stream with gzip), sends no per-file metadata (0.6.2) and asks for no watch
+features sandlot lacks."""
+CLIENT_ID = "sandlot"
+DEFAULT_TIMEOUT = 300
+"""E2B's default sandbox lifetime (seconds) when ``timeout`` is not sent."""
+TOKEN_HEADER = "x-access-token"
+TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
+
+
+# --- the registry of tokens -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WireRecord:
+    """What the E2B wire knows of a sandbox beyond the manager: its token and the E2B
+    names it was created with."""
+
+    principal: Principal
+    token: str
+    template: str
+    allow_internet_access: bool
+
+
+class WireRegistry:
+    """Access tokens of the sandboxes the E2B wire handed out, by sandbox id.
+
+    In memory: a restart kills every sandbox anyway (see ``SandboxManager.recover``).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[str, WireRecord] = {}
+
+    def add(self, sandbox_id: str, record: WireRecord) -> None:
+        with self._lock:
+            self._records[sandbox_id] = record
+
+    def get(self, sandbox_id: str) -> WireRecord | None:
+        with self._lock:
+            return self._records.get(sandbox_id)
+
+    def ensure(self, entry: ManagedSandbox, principal: Principal) -> WireRecord:
+        """The sandbox's record, made now (with a fresh token) for a sandbox created
+        elsewhere (``/v1``, the default sandbox) that an E2B client connects to."""
+        with self._lock:
+            record = self._records.get(entry.sandbox_id)
+            if record is None:
+                record = WireRecord(
+                    principal=principal,
+                    token=new_token(),
+                    template=entry.template,
+                    allow_internet_access=bool(entry.sandbox.network.allow_out),
+                )
+                self._records[entry.sandbox_id] = record
+            return record
+
+    def prune(self, live: set[str]) -> None:
+        """Forget the sandboxes that are gone."""
+        with self._lock:
+            for sandbox_id in [key for key in self._records if key not in live]:
+                del self._records[sandbox_id]
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def token_matches(record: WireRecord, offered: str) -> bool:
+    return hmac.compare_digest(record.token.encode(), offered.encode())
+
+
+def registry_of(request: Request) -> WireRegistry:
+    registry: WireRegistry = request.app.state.e2b_wire
+    return registry
+
+
+# --- errors in E2B's shape --------------------------------------------------------------
+
+
+def e2b_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def status_of(exc: Exception, table: tuple[tuple[type[Exception], int], ...]) -> int:
+    return next((code for cls, code in table if isinstance(exc, cls)), 500)
+
+
+class E2bRoute(APIRoute):
+    """A route whose errors answer in E2B's shape (``{"code", "message"}``)."""
+
+    status_table: tuple[tuple[type[Exception], int], ...] = ()
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        table = self.status_table
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return e2b_error(exc.status, exc.message)
+            except RequestValidationError as exc:
+                summary = "; ".join(
+                    f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', '')}"
+                    for item in exc.errors()
+                )
+                return e2b_error(400, f"invalid request: {summary}")
+            except sandlot.SandlotError as exc:
+                return e2b_error(status_of(exc, table), f"{type(exc).__name__}: {exc}")
+
+        return handle
+
+
+# --- request bodies -----------------------------------------------------------------------
+
+
+class _Loose(BaseModel):
+    # E2B's bodies grow fields; the ones sandlot cannot honour are checked by name.
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class NewSandbox(_Loose):
+    template_id: str = Field(..., alias="templateID", min_length=1, max_length=256)
+    timeout: int | None = Field(None, ge=1)
+    metadata: dict[str, str] | None = None
+    env_vars: dict[str, str] | None = Field(None, alias="envVars")
+    allow_internet_access: bool | None = None
+    auto_pause: bool | None = Field(None, alias="autoPause")
+    secure: bool | None = None
+    network: dict[str, Any] | None = None
+
+
+class Timeout(_Loose):
+    timeout: int = Field(..., ge=0)
+
+
+class ConnectBody(_Loose):
+    timeout: int | None = Field(None, ge=0)
+
+
+_UNSUPPORTED = {
+    "mcp": "MCP servers",
+    "iam": "IAM tokens",
+    "volumeMounts": "volumes",
+    "autoResume": "auto-resume (sandlot does not pause sandboxes yet)",
+}
+
+
+def _body(model: type[BaseModel], raw: Any) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        summary = "; ".join(
+            f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in exc.errors()
+        )
+        raise ApiError(400, "InvalidArgumentError", f"invalid request: {summary}") from None
+
+
+async def _json(request: Request) -> Any:
+    body = await request.body()
+    if not body:
+        return {}
+    try:
+        return await request.json()
+    except ValueError:
+        raise ApiError(400, "InvalidArgumentError", "the body must be JSON") from None
+
+
+# --- answers ----------------------------------------------------------------------------
+
+
+def _iso(moment: float) -> str:
+    return datetime.datetime.fromtimestamp(moment, datetime.UTC).isoformat()
+
+
+def _listed(entry: ManagedSandbox, record: WireRecord | None) -> dict[str, Any]:
+    resources = entry.resources
+    template = record.template if record else entry.template
+    return {
+        "templateID": template,
+        "alias": template,
+        "sandboxID": entry.sandbox_id,
+        "clientID": CLIENT_ID,
+        "startedAt": _iso(entry.created_at),
+        "endAt": _iso(entry.expires_at),
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": int(resources.cpus or 1),
+        "memoryMB": int(resources.memory_mb or 0),
+        "diskSizeMB": int(resources.disk_mb or 0),
+        "state": "running",
+        "metadata": {k: v for k, v in entry.metadata.items() if k != DEFAULT_MARK},
+    }
+
+
+def _detail(entry: ManagedSandbox, record: WireRecord) -> dict[str, Any]:
+    return {
+        **_listed(entry, record),
+        "envdAccessToken": record.token,
+        "allowInternetAccess": bool(entry.sandbox.network.allow_out),
+        "domain": None,
+    }
+
+
+def _created(entry: ManagedSandbox, record: WireRecord) -> dict[str, Any]:
+    return {
+        "templateID": record.template,
+        "alias": record.template,
+        "sandboxID": entry.sandbox_id,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": record.token,
+        "trafficAccessToken": record.token,
+        "domain": None,
+    }
+
+
+# --- the routes ---------------------------------------------------------------------------
+
+Auth = Annotated[Principal, Depends(authenticate)]
+
+
+def resolve_template(aliases: dict[str, str], name: str) -> str:
+    """The sandlot template an E2B template name runs (404 in E2B's shape if none)."""
+    base = name.split(":", 1)[0]  # E2B names may carry a :tag
+    if base in aliases:
+        return aliases[base]
+    if base in aliases.values():
+        return base
+    known = ", ".join(sorted(aliases)) or "none"
+    raise ApiError(
+        404,
+        "TemplateNotFound",
+        f"template {name!r} not found: this sandlot server maps these E2B template names: "
+        f"{known} (operators add more with sandlot serve --e2b-template NAME=TEMPLATE)",
+    )
+
+
+def _network(state: ServerState, principal: Principal, body: NewSandbox) -> dict[str, Any] | None:
+    """E2B's internet switch on sandlot's egress: on (E2B's default) is whatever the
+    tenant may reach (its allowlist, else the server's ceiling); off is no network."""
+    if body.allow_internet_access is False:
+        return None
+    allowed = state.store.tenant_egress(principal.tenant)
+    if allowed is None:
+        allowed = list(state.settings.egress.allow_out)
+    network = dict(body.network or {})
+    if network.get("allowPublicTraffic") is False:
+        del network["allowPublicTraffic"]  # nothing reaches a sandlot sandbox from outside
+    unknown = sorted(set(network) - {"allowOut", "denyOut"})
+    if unknown:
+        raise ApiError(
+            400,
+            "InvalidArgumentError",
+            f"network options not supported by sandlot: {', '.join(unknown)} "
+            "(it takes allowOut and denyOut)",
+        )
+    if "allowOut" in network or "denyOut" in network:
+        # allowOut left out: what the tenant may reach, less denyOut.
+        allow_out = network.get("allowOut")
+        wanted = {
+            "allow_out": list(allowed if allow_out is None else allow_out),
+            "deny_out": list(network.get("denyOut") or []),
+        }
+        return wanted if wanted["allow_out"] else None
+    if not allowed:
+        if body.allow_internet_access:
+            raise ApiError(
+                400,
+                "PolicyError",
+                f"allow_internet_access=True, but this server allows tenant "
+                f"{principal.tenant!r} no network destinations (the operator grants them "
+                "with sandlot serve --egress-allow or sandlot keys create --egress-allow)",
+            )
+        return None
+    return {"allow_out": allowed}
+
+
+def _not_implemented(what: str) -> ApiError:
+    return ApiError(
+        501,
+        "NotImplemented",
+        f"{what} is not implemented by sandlot yet (sandboxes are not persisted); "
+        "kill the sandbox and create a new one instead",
+    )
+
+
+def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> APIRouter:
+    route_class = type("E2bControlRoute", (E2bRoute,), {"status_table": status_table})
+    router = APIRouter(route_class=route_class, include_in_schema=False)
+
+    def owned(request: Request, principal: Principal, sandbox_id: str) -> ManagedSandbox:
+        try:
+            return state_of(request).manager.get(principal, sandbox_id)
+        except ApiError as exc:
+            raise ApiError(404, exc.type, f"sandbox {sandbox_id!r} was not found") from None
+
+    @router.post("/sandboxes", status_code=201)
+    @router.post("/v2/sandboxes", status_code=201)
+    async def create(request: Request, principal: Auth) -> JSONResponse:
+        state = state_of(request)
+        registry = registry_of(request)
+        raw = await _json(request)
+        body: NewSandbox = _body(NewSandbox, raw)
+        unsupported = [label for key, label in _UNSUPPORTED.items() if raw.get(key)]
+        if unsupported:
+            raise ApiError(
+                400, "InvalidArgumentError", f"not supported by sandlot: {', '.join(unsupported)}"
+            )
+        template = resolve_template(dict(state.settings.e2b_templates), body.template_id)
+        started = time.monotonic()
+        entry = await state.blocking(
+            state.manager.create,
+            principal,
+            template=template,
+            timeout=float(body.timeout if body.timeout is not None else DEFAULT_TIMEOUT),
+            envs=body.env_vars or {},
+            metadata=body.metadata or {},
+            resources=None,
+            network=_network(state, principal, body),
+        )
+        state.metrics.sandboxes_created.inc()
+        state.metrics.pool.labels("miss").inc()
+        state.metrics.sandbox_start_seconds.observe(time.monotonic() - started)
+        record = WireRecord(
+            principal=principal,
+            token=new_token(),
+            template=body.template_id,
+            allow_internet_access=bool(entry.sandbox.network.allow_out),
+        )
+        registry.add(entry.sandbox_id, record)
+        registry.prune({e.sandbox_id for e in state.manager.all()})
+        return JSONResponse(_created(entry, record), status_code=201)
+
+    @router.get("/sandboxes")
+    @router.get("/v2/sandboxes")
+    async def list_(
+        request: Request,
+        principal: Auth,
+        metadata: str | None = None,
+        state: str | None = None,
+        limit: int = 100,
+        nextToken: str | None = None,  # E2B's parameter name
+        order: str | None = None,
+        template: str | None = None,
+    ) -> JSONResponse:
+        if limit < 1 or limit > 1000:
+            raise ApiError(400, "InvalidArgumentError", "limit must be between 1 and 1000")
+        if order not in (None, "asc", "desc"):
+            raise ApiError(400, "InvalidArgumentError", "order must be 'asc' or 'desc'")
+        states = {s.strip() for s in (state or "running,paused").split(",") if s.strip()}
+        unknown = states - {"running", "paused"}
+        if unknown:
+            raise ApiError(400, "InvalidArgumentError", f"unknown state(s) {sorted(unknown)}")
+        wanted = _metadata_filter(metadata)
+        registry = registry_of(request)
+        entries = [
+            e
+            for e in state_of(request).manager.owned_by(principal)
+            if "running" in states
+            and all(e.metadata.get(k) == v for k, v in wanted.items())
+            and (template is None or template in (e.template, _template_of(registry, e)))
+        ]
+        reverse = order != "asc"  # newest first unless asked otherwise
+        entries.sort(key=lambda e: (e.created_at, e.sandbox_id), reverse=reverse)
+        if nextToken:
+            cursor = _cursor(nextToken)
+            # The items after the cursor in this order: a sandbox that ended since the
+            # last page does not shift the next one.
+            entries = [
+                e
+                for e in entries
+                if (
+                    (e.created_at, e.sandbox_id) < cursor
+                    if reverse
+                    else (e.created_at, e.sandbox_id) > cursor
+                )
+            ]
+        page, rest = entries[:limit], entries[limit:]
+        headers = {}
+        if rest:
+            last = page[-1]
+            headers["X-Next-Token"] = _token((last.created_at, last.sandbox_id))
+        return JSONResponse([_listed(e, registry.get(e.sandbox_id)) for e in page], headers=headers)
+
+    @router.get("/sandboxes/{sandbox_id}")
+    async def get_info(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+        entry = owned(request, principal, sandbox_id)
+        record = registry_of(request).ensure(entry, principal)
+        return JSONResponse(_detail(entry, record))
+
+    @router.delete("/sandboxes/{sandbox_id}", status_code=204)
+    async def kill(request: Request, principal: Auth, sandbox_id: str) -> Response:
+        state = state_of(request)
+        entry = owned(request, principal, sandbox_id)
+        await state.blocking(state.manager.kill, entry, "killed")
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+    async def set_timeout(request: Request, principal: Auth, sandbox_id: str) -> Response:
+        body: Timeout = _body(Timeout, await _json(request))
+        entry = owned(request, principal, sandbox_id)
+        state_of(request).manager.set_timeout(entry, float(body.timeout) or None)
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
+    async def refresh(request: Request, principal: Auth, sandbox_id: str) -> Response:
+        """Keep-alive: extends the sandbox by ``duration`` seconds (E2B's default 60)."""
+        raw = await _json(request)
+        duration = raw.get("duration", 60) if isinstance(raw, dict) else 60
+        if isinstance(duration, bool) or not isinstance(duration, int) or duration < 0:
+            raise ApiError(400, "InvalidArgumentError", "duration must be whole seconds")
+        entry = owned(request, principal, sandbox_id)
+        _extend(request, entry, duration)
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/connect")
+    @router.post("/v2/sandboxes/{sandbox_id}/connect")
+    async def connect(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+        """A running sandbox: its token, and its life extended to ``timeout`` seconds
+        from now if that is later than its end. (No paused sandboxes to resume yet.)"""
+        body: ConnectBody = _body(ConnectBody, await _json(request))
+        entry = owned(request, principal, sandbox_id)
+        if body.timeout:
+            _extend(request, entry, body.timeout)
+        record = registry_of(request).ensure(entry, principal)
+        return JSONResponse(_created(entry, record), status_code=200)
+
+    @router.get("/sandboxes/{sandbox_id}/metrics")
+    async def metrics(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+        entry = owned(request, principal, sandbox_id)
+        return JSONResponse(await state_of(request).blocking(_metrics, entry))
+
+    @router.post("/sandboxes/{sandbox_id}/pause")
+    async def pause(principal: Auth, sandbox_id: str) -> None:
+        raise _not_implemented("pausing a sandbox")
+
+    @router.post("/sandboxes/{sandbox_id}/resume")
+    async def resume(principal: Auth, sandbox_id: str) -> None:
+        raise _not_implemented("resuming a sandbox")
+
+    @router.post("/sandboxes/{sandbox_id}/snapshots")
+    async def snapshot(principal: Auth, sandbox_id: str) -> None:
+        raise _not_implemented("snapshotting a sandbox")
+
+    @router.get("/snapshots")
+    async def snapshots(principal: Auth) -> None:
+        raise _not_implemented("listing snapshots")
+
+    @router.post("/sandboxes/{sandbox_id}/fork")
+    async def fork(principal: Auth, sandbox_id: str) -> None:
+        raise _not_implemented("forking a sandbox")
+
+    @router.put("/sandboxes/{sandbox_id}/network")
+    async def network(principal: Auth, sandbox_id: str) -> None:
+        raise _not_implemented("changing a running sandbox's network")
+
+    _ = (create, list_, get_info, kill, set_timeout, refresh, connect, metrics)
+    _ = (pause, resume, snapshot, snapshots, fork, network)
+    return router
+
+
+def _template_of(registry: WireRegistry, entry: ManagedSandbox) -> str | None:
+    record = registry.get(entry.sandbox_id)
+    return record.template if record else None
+
+
+def _extend(request: Request, entry: ManagedSandbox, seconds: int) -> None:
+    """Make the sandbox live at least ``seconds`` more (never shortens it)."""
+    if time.time() + seconds > entry.expires_at:
+        state_of(request).manager.set_timeout(entry, float(seconds))
+
+
+def _metadata_filter(raw: str | None) -> dict[str, str]:
+    """E2B's ``metadata`` query: ``k=v&k2=v2``, keys and values each percent-encoded."""
+    if not raw:
+        return {}
+    try:
+        pairs = urllib.parse.parse_qsl(raw, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise ApiError(400, "InvalidArgumentError", "metadata must be k=v pairs") from None
+    return {urllib.parse.unquote(k): urllib.parse.unquote(v) for k, v in pairs}
+
+
+def _token(cursor: tuple[float, str]) -> str:
+    return base64.urlsafe_b64encode(f"{cursor[0]!r}|{cursor[1]}".encode()).decode()
+
+
+def _cursor(token: str) -> tuple[float, str]:
+    try:
+        started, _, sandbox_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
+        return float(started), sandbox_id
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ApiError(400, "InvalidArgumentError", "invalid nextToken") from None
+
+
+def _metrics(entry: ManagedSandbox) -> list[dict[str, Any]]:
+    """One sample from the sandbox's cgroup: memory is the peak since start, CPU the
+    average since start; disk use is not measured (0). Empty where the backend cannot
+    measure."""
+    handle = entry.sandbox.handle
+    usage = handle.usage() if handle is not None else None
+    if usage is None:
+        return []
+    now = time.time()
+    cpus = float(entry.resources.cpus or 1)
+    elapsed = max(now - entry.created_at, 1e-3)
+    cpu_pct = 100.0 * (usage.cpu_seconds or 0.0) / (elapsed * cpus)
+    return [
+        {
+            "timestamp": _iso(now),
+            "timestampUnix": int(now),
+            "cpuCount": int(cpus),
+            "cpuUsedPct": round(min(cpu_pct, 100.0), 2),
+            "memUsed": int(usage.memory_peak_bytes or 0),
+            "memTotal": int(usage.memory_limit_bytes or (entry.resources.memory_mb or 0) << 20),
+            "memCache": 0,
+            "diskUsed": 0,
+            "diskTotal": int(entry.resources.disk_mb or 0) << 20,
+        }
+    ]
