@@ -367,7 +367,6 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             network=_network(state, principal, body),
         )
         state.metrics.sandboxes_created.inc()
-        state.metrics.pool.labels("miss").inc()
         state.metrics.sandbox_start_seconds.observe(time.monotonic() - started)
         record = WireRecord(
             principal=principal,
