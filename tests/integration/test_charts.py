@@ -318,7 +318,7 @@ def test_a_huge_figure_is_capped_and_says_so(sandbox: Sandbox) -> None:
     many = _chart(sandbox, "for i in range(400):\n    plt.plot([0, 1], [i, i + 1])\n")
     assert many["truncated"] is True and len(many["elements"]) < 400
     assert len(json.dumps(many)) < 1_000_000
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 90  # rendering 2M points dominates; catches a hang
 
 
 def test_result_chart_is_the_e2b_dict(sandbox: Sandbox) -> None:

@@ -211,6 +211,13 @@ def test_bars_on_dates_and_pandas_bars() -> None:
     ]
 
 
+def test_error_bars_qualify_the_data_they_belong_to() -> None:
+    line = typed(lambda f, ax: ax.errorbar([1, 2], [3, 4], yerr=[1, 1], label="m"), "line")
+    assert line["elements"] == [{"label": "m", "points": [[1.0, 3.0], [2.0, 4.0]]}]
+    bars = typed(lambda f, ax: ax.bar(["a", "b"], [3, 4], yerr=[1, 1], capsize=3), "bar")
+    assert [(e["label"], e["value"]) for e in bars["elements"]] == [("a", 3.0), ("b", 4.0)]
+
+
 def test_bars_with_error_bars_drawn_as_lines_stay_bars() -> None:
     # seaborn's barplot draws each error bar as a two-point line through the bar.
     def draw(fig: Any, ax: Any) -> None:
@@ -324,7 +331,7 @@ def test_pandas_boxplot() -> None:
 @pytest.mark.parametrize(
     "draw",
     [
-        lambda f, ax: ax.errorbar([1, 2], [3, 4], yerr=[1, 1]),
+        lambda f, ax: ax.errorbar([1, 2], [3, 4], yerr=[1, 1], fmt="none"),  # bars, no data
         lambda f, ax: ax.fill_between([1, 2], [0, 0], [1, 2]),
         lambda f, ax: (ax.bar([1, 2], [3, 4]), ax.plot([1, 2], [3, 4])),
         lambda f, ax: (ax.scatter([1], [2]), ax.plot([1, 2], [3, 4])),
@@ -335,7 +342,7 @@ def test_pandas_boxplot() -> None:
         lambda f, ax: ax.hist([1, 2, 2, 3], histtype="step"),
     ],
     ids=[
-        "errorbar",
+        "errorbar-only",
         "fill_between",
         "bar+line",
         "scatter+line",
@@ -452,4 +459,4 @@ def test_a_huge_figure_is_extracted_quickly_and_small() -> None:
     assert mixed is not None and mixed["type"] == "unknown"
     assert lines is not None and lines["truncated"] is True
     assert len(json.dumps(lines)) < 2_000_000
-    assert elapsed < 5.0
+    assert elapsed < 30.0  # about 0.2 s on an idle machine; the bound only catches a hang

@@ -25,9 +25,9 @@ A chart is a dict, JSON-ready, with ``type`` one of ``line``, ``scatter``, ``bar
 For horizontal bars and boxes the labels are swapped so that ``x_label`` always names
 the category axis and ``y_label`` the value axis.
 
-An axes is given a type only when every artist on it fits that type (texts, and
-reference lines such as ``axhline``, aside); anything else is ``unknown``, never a
-wrong type. A figure with no data gives no chart at all.
+An axes is given a type only when every artist on it fits that type (texts,
+reference lines such as ``axhline`` and error bars aside); anything else is
+``unknown``, never a wrong type. A figure with no data gives no chart at all.
 
 Budget: a figure can hold millions of points, and the chart travels inside the cell's
 result (``Resources.result_bytes``). So a series keeps at most :data:`MAX_POINTS`
@@ -46,7 +46,7 @@ import itertools
 import math
 import re
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 MAX_POINTS = 2_000
 """Points kept per line or scatter series (evenly sampled beyond this)."""
@@ -246,14 +246,29 @@ def _coordinate(ax: Any, kind: Optional[str], value: Any) -> Any:
     return point
 
 
+def _column(ax: Any, values: Any, picks: Sequence[int], kind: Optional[str]) -> List[Any]:
+    """The coordinates at ``picks``; a numeric numpy array in one step (``tolist``)."""
+    dtype = getattr(values, "dtype", None)
+    if not kind and getattr(dtype, "kind", "") in ("i", "u", "f", "b"):
+        try:
+            picked = values[list(picks)].tolist()
+            return [float(v) if v is not None and math.isfinite(float(v)) else None for v in picked]
+        except Exception:
+            pass
+    return [_coordinate(ax, kind, values[i]) for i in picks]
+
+
 def _series(
     ax: Any, xs: Any, ys: Any, budget: _Budget, kinds: Tuple[Optional[str], Optional[str]]
 ) -> List[List[Any]]:
     xs, ys = _array(xs), _array(ys)
     count = min(len(xs), len(ys))
+    picks = _sample(count, budget.take(count))
     return [
-        [_coordinate(ax, kinds[0], xs[i]), _coordinate(ax, kinds[1], ys[i])]
-        for i in _sample(count, budget.take(count))
+        [x, y]
+        for x, y in zip(
+            _column(ax, xs, picks, kinds[0]), _column(ax, ys, picks, kinds[1]), strict=True
+        )
     ]
 
 
@@ -344,20 +359,22 @@ def _point_chart(ax: Any, kind: str, budget: _Budget) -> Dict[str, Any]:
     return chart
 
 
-def _line_label(artist: Any) -> str:
-    label = str(artist.get_label())
+def _line_label(artist: Any, names: Dict[int, str]) -> str:
+    label = names.get(id(artist)) or str(artist.get_label())
     auto = _AUTO_LINE.match(label)
     if auto:
         return "Line %s" % auto.group(1)
     return "" if label.startswith("_") else label
 
 
-def _line_chart(ax: Any, lines: List[Any], budget: _Budget) -> Dict[str, Any]:
+def _line_chart(
+    ax: Any, lines: List[Any], budget: _Budget, names: Optional[Dict[int, str]] = None
+) -> Dict[str, Any]:
     chart = _point_chart(ax, "line", budget)
     kinds = (_date_kind(ax, ax.xaxis), _date_kind(ax, ax.yaxis))
     chart["elements"] = [
         {
-            "label": _line_label(line),
+            "label": _line_label(line, names or {}),
             "points": _series(ax, line.get_xdata(), line.get_ydata(), budget, kinds),
         }
         for line in budget.elements(lines)
@@ -478,10 +495,13 @@ def _box_outline(artist: Any) -> Optional[Outline]:
             xs = [float(v[0]) for v in vertices]
             ys = [float(v[1]) for v in vertices]
         else:
+            # A rectangle (5 points) or a notched box (11), drawn closed. The length
+            # first: a line chart's long series must not be converted here.
+            if len(artist.get_xdata()) not in (5, 11):
+                return None
             xs = [float(v) for v in artist.get_xdata()]
             ys = [float(v) for v in artist.get_ydata()]
-            # A rectangle (5 points) or a notched box (11), drawn closed.
-            if len(xs) not in (5, 11) or not (xs[0] == xs[-1] and ys[0] == ys[-1]):
+            if not (xs[0] == xs[-1] and ys[0] == ys[-1]):
                 return None
     except Exception:
         return None
@@ -559,6 +579,8 @@ def _fit_lines(boxes: List[_Box], lines: List[Any], vertical: bool) -> bool:
     a line fits no box, or a box has no median: then this is no boxplot (this way up)."""
     for line in lines:
         try:
+            if len(line.get_xdata()) > MAX_POINTS:  # no part of a boxplot is this long
+                return False
             xs = [float(v) for v in line.get_xdata()]
             ys = [float(v) for v in line.get_ydata()]
         except Exception:
@@ -607,15 +629,18 @@ def _axes_chart(ax: Any, budget: _Budget) -> Dict[str, Any]:
     artists = [c for c in children if not _is(c, "Text")]
     if not artists:
         return _base(ax, "unknown")
-    data = [a for a in artists if not _is_reference_line(ax, a)]
-    lines = [a for a in data if _is(a, "Line2D")]
-    if all(_is(a, "Line2D") for a in artists):
-        boxes = _box_chart(ax, data, budget) if data else None
-        return boxes if boxes is not None else _line_chart(ax, lines, budget)
+    error_bars, names = _error_bars(ax)
+    data = [a for a in artists if not _is_reference_line(ax, a) and id(a) not in error_bars]
+    if not data:  # only reference lines (or error bars without their data)
+        kind = "line" if all(_is(a, "Line2D") for a in artists) else "unknown"
+        return _line_chart(ax, [], budget) if kind == "line" else _base(ax, kind)
+    if all(_is(a, "Line2D") for a in data):
+        boxes = _box_chart(ax, data, budget)
+        return boxes if boxes is not None else _line_chart(ax, data, budget, names)
     if all(_is(a, "PathPatch", "Line2D") for a in data):
         boxes = _box_chart(ax, data, budget)
         return boxes if boxes is not None else _base(ax, "unknown")
-    if data and all(_is(a, "PathCollection") for a in data):
+    if all(_is(a, "PathCollection") for a in data):
         return _scatter_chart(ax, data, budget)
     wedges = [a for a in data if _is(a, "Wedge")]
     if wedges and all(_is(a, "Wedge", "Shadow") for a in data):
@@ -624,6 +649,25 @@ def _axes_chart(ax: Any, budget: _Budget) -> Dict[str, Any]:
     if bars:
         return _bar_chart(ax, bars, budget)
     return _base(ax, "unknown")
+
+
+def _error_bars(ax: Any) -> Tuple[Set[int], Dict[int, str]]:
+    """Ids of the caps and bars of ``errorbar()`` / ``bar(yerr=...)``: they qualify the
+    data they belong to, which is typed on its own; and the names of the data lines
+    (``errorbar`` gives its label to the container, not to the line)."""
+    parts: Set[int] = set()
+    names: Dict[int, str] = {}
+    for container in getattr(ax, "containers", []):
+        if not _is(container, "ErrorbarContainer"):
+            continue
+        groups = list(container)  # (data line, caplines, barlinecols)
+        if groups and groups[0] is not None:
+            names[id(groups[0])] = str(container.get_label())
+        for group in groups[1:]:
+            for artist in group if isinstance(group, (tuple, list)) else [group]:
+                if artist is not None:
+                    parts.add(id(artist))
+    return parts, names
 
 
 def _bar_containers(ax: Any, data: List[Any]) -> List[Any]:
@@ -652,11 +696,11 @@ def _bar_containers(ax: Any, data: List[Any]) -> List[Any]:
 
 def _is_error_bar(line: Any, centres: List[Tuple[float, float]]) -> bool:
     try:
+        if len(line.get_xdata()) != 2:
+            return False
         xs = [float(v) for v in line.get_xdata()]
         ys = [float(v) for v in line.get_ydata()]
     except Exception:
-        return False
-    if len(xs) != 2:
         return False
     for centre, across in centres[:MAX_ARTISTS]:
         pos = ys if across else xs
