@@ -397,6 +397,10 @@ def test_the_e2b_client_builds_its_chart_classes() -> None:
     assert [type(c).__name__ for c in superchart.elements] == ["LineChart", "LineChart"]
     box = charts._deserialize_chart(chart_of(drawings["BoxAndWhiskerChart"]))
     assert [b.outliers for b in box.elements] == [[-20.0, 30.0], []]
+    capped = chart_of(lambda f, ax: ax.plot(np.arange(_charts.MAX_POINTS + 1)))
+    assert capped is not None and capped["truncated"] is True
+    line = charts._deserialize_chart(capped)  # the extra key does not trouble the client
+    assert isinstance(line, charts.LineChart) and line.to_dict()["truncated"] is True
 
 
 # --- budget ---------------------------------------------------------------------------
