@@ -264,6 +264,28 @@ def test_box_and_whisker_variants(sandbox: Sandbox) -> None:
     ]
 
 
+def test_seaborn_charts(sandbox: Sandbox) -> None:
+    """seaborn adds legend handles that draw nothing, confidence bands and error bars
+    around the data; the chart is still the data's type."""
+    sns = "import seaborn as sns\n"
+    line = _chart(sandbox, sns + "sns.lineplot(x=[1, 1, 2, 2], y=[1, 3, 2, 4])\n")
+    assert line["type"] == "line"
+    assert line["elements"][0]["points"] == [[1.0, 2.0], [2.0, 3.0]]  # the means
+    scatter = _chart(sandbox, sns + "sns.scatterplot(x=[1, 2], y=[3, 4], hue=['a', 'b'])\n")
+    assert scatter["type"] == "scatter"
+    assert scatter["elements"][0]["points"] == [[1.0, 3.0], [2.0, 4.0]]
+    bars = _chart(
+        sandbox, sns + "sns.barplot(x=['a', 'a', 'b', 'b'], y=[1, 2, 3, 4], hue=['u', 'v'] * 2)\n"
+    )
+    assert bars["type"] == "bar"
+    assert sorted((e["label"], e["value"]) for e in bars["elements"]) == [
+        ("a", 1.0),
+        ("a", 2.0),
+        ("b", 3.0),
+        ("b", 4.0),
+    ]
+
+
 def test_superchart(sandbox: Sandbox) -> None:
     chart = _chart(
         sandbox,

@@ -218,6 +218,27 @@ def test_error_bars_qualify_the_data_they_belong_to() -> None:
     assert [(e["label"], e["value"]) for e in bars["elements"]] == [("a", 3.0), ("b", 4.0)]
 
 
+def test_what_seaborn_adds_around_the_data_is_not_data() -> None:
+    # Legend handles that draw nothing, and a confidence band that may be empty.
+    def scatter(fig: Any, ax: Any) -> None:
+        ax.scatter([1, 2], [3, 4])
+        ax.plot([], [], label="hue a")
+
+    assert typed(scatter, "scatter")["elements"][0]["points"] == [[1.0, 3.0], [2.0, 4.0]]
+
+    def bars(fig: Any, ax: Any) -> None:
+        ax.bar(["a", "b"], [1, 2])
+        ax.add_patch(plt.Rectangle((0, 0), 0, 0, label="hue u"))
+
+    assert len(typed(bars, "bar")["elements"]) == 2
+
+    def band(fig: Any, ax: Any) -> None:
+        ax.plot([1, 2, 3], [2, 3, 2], label="mean")
+        ax.fill_between([1, 2, 3], [1, 2, 1], [3, 4, 3], alpha=0.2)
+
+    assert [e["label"] for e in typed(band, "line")["elements"]] == ["mean"]
+
+
 def test_bars_with_error_bars_drawn_as_lines_stay_bars() -> None:
     # seaborn's barplot draws each error bar as a two-point line through the bar.
     def draw(fig: Any, ax: Any) -> None:

@@ -26,8 +26,9 @@ For horizontal bars and boxes the labels are swapped so that ``x_label`` always 
 the category axis and ``y_label`` the value axis.
 
 An axes is given a type only when every artist on it fits that type (texts,
-reference lines such as ``axhline`` and error bars aside); anything else is
-``unknown``, never a wrong type. A figure with no data gives no chart at all.
+reference lines such as ``axhline``, error bars, a line's bands and artists that draw
+nothing aside); anything else is ``unknown``, never a wrong type. A figure with no
+data gives no chart at all.
 
 Budget: a figure can hold millions of points, and the chart travels inside the cell's
 result (``Resources.result_bytes``). So a series keeps at most :data:`MAX_POINTS`
@@ -281,6 +282,23 @@ def _is_reference_line(ax: Any, artist: Any) -> bool:
         return _is(artist, "Line2D") and artist.get_transform() is not ax.transData
     except Exception:
         return False
+
+
+def _is_empty(artist: Any) -> bool:
+    """An artist that draws nothing: seaborn adds such lines and patches as legend
+    handles, and an empty confidence band to a line of single values."""
+    try:
+        if _is(artist, "Line2D"):
+            return len(artist.get_xdata()) == 0
+        if _is(artist, "Rectangle"):
+            return bool(artist.get_width() == 0 and artist.get_height() == 0)
+        if _is(artist, "PathCollection"):
+            return len(artist.get_offsets()) == 0
+        if _is(artist, "PolyCollection"):
+            return all(len(path.vertices) == 0 for path in artist.get_paths())
+    except Exception:
+        pass
+    return False
 
 
 def _has_data(ax: Any) -> bool:
@@ -630,13 +648,22 @@ def _axes_chart(ax: Any, budget: _Budget) -> Dict[str, Any]:
     if not artists:
         return _base(ax, "unknown")
     error_bars, names = _error_bars(ax)
-    data = [a for a in artists if not _is_reference_line(ax, a) and id(a) not in error_bars]
+    data = [
+        a
+        for a in artists
+        if not _is_reference_line(ax, a) and id(a) not in error_bars and not _is_empty(a)
+    ]
     if not data:  # only reference lines (or error bars without their data)
         kind = "line" if all(_is(a, "Line2D") for a in artists) else "unknown"
         return _line_chart(ax, [], budget) if kind == "line" else _base(ax, kind)
     if all(_is(a, "Line2D") for a in data):
         boxes = _box_chart(ax, data, budget)
         return boxes if boxes is not None else _line_chart(ax, data, budget, names)
+    # Lines with bands (fill_between: seaborn's confidence intervals) are a line chart;
+    # bands alone (an area chart) are not.
+    lines = [a for a in data if _is(a, "Line2D")]
+    if lines and all(_is(a, "Line2D", "FillBetweenPolyCollection") for a in data):
+        return _line_chart(ax, lines, budget, names)
     if all(_is(a, "PathPatch", "Line2D") for a in data):
         boxes = _box_chart(ax, data, budget)
         return boxes if boxes is not None else _base(ax, "unknown")
