@@ -510,6 +510,8 @@ def _box_outline(artist: Any) -> Optional[Outline]:
     try:
         if _is(artist, "PathPatch"):
             vertices = artist.get_path().vertices
+            if len(vertices) > 12:  # a box has 6 vertices, a notched one 12
+                return None
             xs = [float(v[0]) for v in vertices]
             ys = [float(v[1]) for v in vertices]
         else:
