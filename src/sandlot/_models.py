@@ -73,7 +73,9 @@ class Result:
     data: dict[str, Any] | None = None
     """Structured data, e.g. a DataFrame as ``{"columns", "index", "data", "dtypes"}``."""
     chart: dict[str, Any] | None = None
-    """A matplotlib chart's elements as data (``type``, ``title``, ``elements``...)."""
+    """A matplotlib figure's data, the dict E2B's code interpreter sends as ``chart``:
+    ``type`` (line, scatter, bar, pie, box_and_whisker, superchart, unknown), ``title``,
+    ``elements`` and per type labels, units, ticks and scales (docs/protocol.md)."""
     is_main_result: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     """MIME types that have no field of their own."""

@@ -18,7 +18,9 @@ import base64
 import io
 import json
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
+
+from sandlot.runner import _charts
 
 DATA_MIME = "application/vnd.sandlot.data+json"
 CHART_MIME = "application/vnd.sandlot.chart+json"
@@ -192,7 +194,10 @@ def _pandas_data(obj: Any) -> Optional[Dict[str, Any]]:
 
 
 def figure_bundle(figure: Any) -> Dict[str, Any]:
-    """Render a matplotlib Figure to PNG, plus its chart data and a text description."""
+    """Render a matplotlib Figure to PNG, plus its chart data and a text description.
+
+    The chart is read after rendering: tick labels exist only once the figure is drawn.
+    """
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     bundle: Dict[str, Any] = {
@@ -208,106 +213,6 @@ def figure_bundle(figure: Any) -> Dict[str, Any]:
     return bundle
 
 
-def _text(artist: Any) -> str:
-    try:
-        return str(artist.get_text())
-    except Exception:
-        return ""
-
-
-def _axes_chart(ax: Any) -> Dict[str, Any]:
-    """Describe one Axes: line, scatter, bar or pie, with its elements as data."""
-    chart: Dict[str, Any] = {
-        "title": ax.get_title() or None,
-        "x_label": ax.get_xlabel() or None,
-        "y_label": ax.get_ylabel() or None,
-    }
-    # Every line is data. matplotlib names unlabelled artists "_child0", "_child1"...;
-    # dropping those turned the commonest chart, plt.plot(ys), into type "unknown".
-    lines = list(ax.get_lines())
-    patches = list(ax.patches)
-    collections = list(ax.collections)
-    wedges = [p for p in patches if type(p).__name__ == "Wedge"]
-    bars = [p for p in patches if type(p).__name__ == "Rectangle"]
-    if wedges:
-        labels = [_text(t) for t in ax.texts]
-        chart["type"] = "pie"
-        chart["elements"] = [
-            {
-                "label": labels[i] if i < len(labels) else str(i),
-                "angle": _jsonable(abs(w.theta2 - w.theta1)),
-                "radius": _jsonable(w.r),
-            }
-            for i, w in enumerate(wedges)
-        ]
-    elif bars and not lines:
-        ticks = [_text(t) for t in ax.get_xticklabels()]
-        elements = []
-        for bar in bars:
-            x = bar.get_x() + bar.get_width() / 2.0
-            elements.append(
-                {
-                    "label": _nearest_tick(ax, x, ticks),
-                    "group": str(bar.get_label())
-                    if not str(bar.get_label()).startswith("_")
-                    else "",
-                    "value": _jsonable(bar.get_height()),
-                }
-            )
-        chart["type"] = "bar"
-        chart["elements"] = elements
-    elif lines:
-        chart["type"] = "line"
-        chart["elements"] = [
-            {"label": _label(line), "points": _points(line.get_xdata(), line.get_ydata())}
-            for line in lines
-        ]
-    elif collections and any(type(c).__name__ == "PathCollection" for c in collections):
-        chart["type"] = "scatter"
-        chart["elements"] = [
-            {
-                "label": c.get_label(),
-                "points": [[_jsonable(x), _jsonable(y)] for x, y in c.get_offsets()[:DATA_ROWS]],
-            }
-            for c in collections
-            if type(c).__name__ == "PathCollection"
-        ]
-    else:
-        chart["type"] = "unknown"
-        chart["elements"] = []
-    return chart
-
-
-def _points(xs: Any, ys: Any) -> List[List[Any]]:
-    pairs = list(zip(xs, ys, strict=False))[:DATA_ROWS]
-    return [[_jsonable(x), _jsonable(y)] for x, y in pairs]
-
-
-def _label(artist: Any) -> str:
-    """An artist's legend label; "" for matplotlib's automatic ones ("_child0", ...)."""
-    label = str(artist.get_label())
-    return "" if label.startswith("_") else label
-
-
-def _nearest_tick(ax: Any, x: float, labels: List[str]) -> str:
-    try:
-        positions = list(ax.get_xticks())
-        if labels and len(positions) == len(labels):
-            best = min(range(len(positions)), key=lambda i: abs(positions[i] - x))
-            if labels[best]:
-                return labels[best]
-    except Exception:
-        pass
-    return str(_jsonable(round(x, 6)))
-
-
 def chart_data(figure: Any) -> Optional[Dict[str, Any]]:
-    """Chart data for a figure: one Axes as a chart, several as a ``superchart``."""
-    axes = [ax for ax in figure.get_axes() if ax.get_visible()]
-    if not axes:
-        return None
-    charts = [_axes_chart(ax) for ax in axes]
-    if len(charts) == 1:
-        return charts[0]
-    title = figure._suptitle.get_text() if getattr(figure, "_suptitle", None) else None
-    return {"type": "superchart", "title": title, "elements": charts}
+    """Chart data for a figure, as E2B's code interpreter extracts it (see ``_charts``)."""
+    return _charts.chart_data(figure)

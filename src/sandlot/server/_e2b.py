@@ -178,10 +178,18 @@ def _router(
 
 _CHART_KEYS = ("title", "x_label", "y_label", "x_unit", "y_unit")
 _AXIS_KEYS = ("x_ticks", "x_tick_labels", "y_ticks", "y_tick_labels")
+_ELEMENT_KEYS = {
+    "pie": ("label", "angle", "radius"),
+    "box_and_whisker": ("label", "min", "first_quartile", "median", "third_quartile", "max"),
+}
 
 
 def e2b_chart(chart: dict[str, Any]) -> dict[str, Any]:
-    """Fill the keys the E2B client's chart classes index without a default."""
+    """Fill the keys the E2B client's chart classes index without a default.
+
+    The runner already sends every chart in E2B's shape (``sandlot.runner._charts``);
+    this keeps a result from an older runner, or a hand-made one, from failing the
+    client's deserialisation."""
     chart = {**chart, "elements": list(chart.get("elements") or [])}
     chart.setdefault("type", "unknown")
     for key in _CHART_KEYS:
@@ -197,6 +205,12 @@ def e2b_chart(chart: dict[str, Any]) -> dict[str, Any]:
     elif chart["type"] == "bar":
         chart["elements"] = [
             {"label": e.get("label"), "value": e.get("value"), "group": e.get("group"), **e}
+            for e in chart["elements"]
+            if isinstance(e, dict)
+        ]
+    elif chart["type"] in _ELEMENT_KEYS:
+        chart["elements"] = [
+            {**dict.fromkeys(_ELEMENT_KEYS[chart["type"]]), **e}
             for e in chart["elements"]
             if isinstance(e, dict)
         ]
