@@ -236,6 +236,18 @@ def test_box_and_whisker_chart(sandbox: Sandbox) -> None:
     assert chart["elements"] == EXPECTED_BOXES
 
 
+def test_boxplot_accepts_the_old_labels_spelling(sandbox: Sandbox) -> None:
+    """``labels=`` (matplotlib before 3.9, and most code written for E2B) still works on
+    a matplotlib that only knows ``tick_labels=``: on Axes and through pyplot."""
+    on_axes = _chart(sandbox, BOXES + "ax.boxplot(data.values(), labels=data.keys())\n")
+    assert on_axes["elements"] == EXPECTED_BOXES
+    through_pyplot = _chart(
+        sandbox,
+        BOXES + "plt.sca(ax)\nplt.boxplot(list(data.values()), labels=list(data.keys()))\n",
+    )
+    assert through_pyplot["elements"] == EXPECTED_BOXES
+
+
 def test_box_and_whisker_variants(sandbox: Sandbox) -> None:
     # Boxes drawn as lines (matplotlib's default), with means shown: still boxes.
     lines = _chart(

@@ -315,6 +315,7 @@ class Kernel:
             kernel.flush_figures()
 
         pyplot.show = show
+        _accept_boxplot_labels(pyplot)
 
     def _patch_ipython(self, module: Any) -> None:
         kernel = self
@@ -515,6 +516,35 @@ class Kernel:
                 "traceback": "".join(lines),
             }
         )
+
+
+def _accept_boxplot_labels(pyplot: Any) -> None:
+    """``boxplot(labels=...)``, the spelling matplotlib used until 3.9 (and most code
+    written for E2B and by models still uses), works on a matplotlib that removed it:
+    it is passed on as ``tick_labels`` (``plt.boxplot`` and ``Axes.boxplot``). A
+    matplotlib that still has ``labels`` is left alone."""
+    with contextlib.suppress(Exception):
+        import inspect
+
+        from matplotlib.axes import Axes
+
+        parameters = inspect.signature(Axes.boxplot).parameters
+        if "labels" in parameters or "tick_labels" not in parameters:
+            return
+        Axes.boxplot = _renaming_labels(Axes.boxplot)  # type: ignore[method-assign]
+        pyplot.boxplot = _renaming_labels(pyplot.boxplot)
+
+
+def _renaming_labels(original: Any) -> Any:
+    def boxplot(*args: Any, **kwargs: Any) -> Any:
+        if "labels" in kwargs and "tick_labels" not in kwargs:
+            kwargs["tick_labels"] = kwargs.pop("labels")
+        return original(*args, **kwargs)
+
+    boxplot.__wrapped__ = original  # type: ignore[attr-defined]
+    boxplot.__doc__ = original.__doc__
+    boxplot.__name__ = "boxplot"
+    return boxplot
 
 
 def _is_figure(obj: Any) -> bool:
