@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandlot._exceptions import IsolationUnavailable
@@ -53,6 +54,8 @@ class ContainerIds:
     ids: _hostids.HostIds
     accounts_dir: Path
     """Holds :data:`ACCOUNT_FILES` for this uid."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _released: bool = False
 
     @property
     def uid(self) -> int:
@@ -65,7 +68,12 @@ class ContainerIds:
     def release(self) -> None:
         """Remove the account files, then give the ids back. Call once no process of the
         container is left (the allocator also never hands out a uid a process still
-        runs as). Idempotent."""
+        runs as). Idempotent and thread-safe: a failed start and the handle's exit
+        (another thread) may both call it."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
         for name in ACCOUNT_FILES:
             with contextlib.suppress(OSError):
                 (self.accounts_dir / name).unlink()
