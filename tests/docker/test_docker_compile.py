@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from sandlot.backends.docker._accounts import group_text, passwd_text
 from sandlot.backends.docker._compile import (
     LABEL,
     LABEL_OWNER,
@@ -48,6 +49,9 @@ LAYOUT = ContainerLayout(
     sandbox_id="0123456789abcdef",
     owner="host:4242",
     labels={"org.sandlot.template": "python-data"},
+    uid=100007,
+    gid=100007,
+    accounts_dir="/run/sandlot/host-ids/container-etc/100007",
 )
 PODMAN_GVISOR = replace(
     LAYOUT, engine="podman", runtime="runsc", cpus=0.5, seccomp="/cache/seccomp/p.json"
@@ -101,16 +105,22 @@ def test_every_body_keeps_the_boundary(spec: SandboxSpec, layout: ContainerLayou
     assert "no-new-privileges" in host["SecurityOpt"]
     assert f"seccomp={layout.seccomp}" in host["SecurityOpt"]
     assert not any("unconfined" in opt for opt in host["SecurityOpt"])
-    assert body["User"] == "1000:1000"
-    # The only host paths are the runner's packages and sandlot's neutral /etc files,
-    # read-only.
+    # The container's own host ids (never 1000, which every container used to share).
+    assert body["User"] == f"{layout.uid}:{layout.gid}" == "100007:100007"
+    # The only host paths are the runner's packages, sandlot's neutral /etc files and
+    # the container's account files, read-only.
     assert all(m["ReadOnly"] is True and m["Type"] == "bind" for m in host["Mounts"])
     assert {m["Target"] for m in host["Mounts"]} == {
         f"{LIB_GUEST}/sandlot/protocol",
         f"{LIB_GUEST}/sandlot/runner",
         "/etc/hosts",
         "/etc/resolv.conf",
+        "/etc/passwd",
+        "/etc/group",
     }
+    accounts = {m["Target"]: m["Source"] for m in host["Mounts"]}
+    assert accounts["/etc/passwd"] == f"{layout.accounts_dir}/passwd"
+    assert accounts["/etc/group"] == f"{layout.accounts_dir}/group"
     # No sysfs: an empty read-only tmpfs in its place, spelled per engine.
     if layout.engine == "podman":
         assert "mask=/sys:/run:/var" in host["SecurityOpt"]
@@ -148,8 +158,21 @@ def test_limits_are_whole_sandbox_cgroup_limits() -> None:
 def test_tmpfs_owner_is_spelled_per_engine() -> None:
     docker = build_create_body(SandboxSpec(), LAYOUT)["HostConfig"]["Tmpfs"]["/home/user"]
     podman = build_create_body(SandboxSpec(), PODMAN_GVISOR)["HostConfig"]["Tmpfs"]["/home/user"]
-    assert "uid=1000" in docker and "U" not in docker.split(",")
-    assert "U" in podman.split(",") and "uid=1000" not in podman
+    assert {"uid=100007", "gid=100007"} <= set(docker.split(",")) and "U" not in docker.split(",")
+    assert "U" in podman.split(",") and "uid=" not in podman
+
+
+@pytest.mark.parametrize(("uid", "gid"), [(0, 100007), (100007, 0)])
+def test_a_container_never_runs_as_host_root(uid: int, gid: int) -> None:
+    with pytest.raises(ValueError, match="host root"):
+        build_create_body(SandboxSpec(), replace(LAYOUT, uid=uid, gid=gid))
+
+
+def test_account_files_name_the_containers_own_ids_user() -> None:
+    passwd = passwd_text(100007, 100008).splitlines()
+    assert "user:x:100007:100008:sandlot:/home/user:/bin/sh" in passwd
+    assert not any(":1000:" in line for line in passwd)
+    assert "user:x:100008:" in group_text(100008).splitlines()
 
 
 def test_runner_config_carries_envs_and_leaves_nproc_to_the_cgroup() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from escape_helpers import is_container, is_gvisor
+from escape_helpers import is_gvisor
 
 from sandlot import Resources, Sandbox
 
@@ -93,8 +93,6 @@ def _json(sbx: Sandbox, code: str) -> Any:
 
 def _shares_a_host_uid(sbx: Sandbox) -> str | None:
     """Why ``sbx`` shares its host uid with other sandboxes, where sandlot documents it."""
-    if is_container(sbx) and not is_gvisor(sbx):
-        return "runc/crun containers all run as host uid 1000 (SECURITY.md, containers)"
     if sbx._core.backend.name == "bwrap" and os.geteuid() != 0:
         return "as an ordinary user, every cold sandbox runs as that user (SECURITY.md)"
     return None

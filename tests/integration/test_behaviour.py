@@ -554,7 +554,10 @@ def test_command_output_and_exit_code(sandbox: Sandbox) -> None:
         None,
     )
     ok = sandbox.commands.run("pwd; id -u", cwd="/tmp")
-    assert ok.stdout == "/tmp\n1000\n" and ok.exit_code == 0
+    # uid 1000 in its user namespace; a container has none: the host uid it was given.
+    container_ids = getattr(getattr(sandbox._core, "_handle", None), "host_ids", None)
+    uid = 1000 if container_ids is None else container_ids.uid
+    assert ok.stdout == f"/tmp\n{uid}\n" and ok.exit_code == 0
     streamed: list[str] = []
     sandbox.commands.run("echo one; echo two", on_stdout=lambda m: streamed.append(m.line))
     assert "".join(streamed) == "one\ntwo\n"

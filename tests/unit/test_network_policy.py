@@ -314,6 +314,9 @@ def test_container_body_mounts_the_egress_socket_and_keeps_network_none() -> Non
         seccomp="{}",
         sandbox_id="abc",
         owner="host:1",
+        uid=100001,
+        gid=100001,
+        accounts_dir="/run/sandlot/host-ids/container-etc/100001",
     )
     spec = SandboxSpec(network=NetworkPolicy(allow_out=("pypi.org",)), envs={"NO_PROXY": "x"})
     with pytest.raises(ValueError, match="egress socket"):

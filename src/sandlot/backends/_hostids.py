@@ -294,6 +294,20 @@ class HostIdAllocator:
         return held
 
 
+def acquire() -> HostIds:
+    """The host uid and gid for one new sandbox, from :func:`configured_range`, held
+    until :meth:`HostIds.release`: IsolationUnavailable if no range is delegated,
+    :class:`HostIdsExhausted` if every id of it is held. Every caller in a process shares
+    one allocator per (range, lock directory); across processes the lock files decide."""
+    lock_dir = os.environ.get(LOCK_DIR_ENV) or DEFAULT_LOCK_DIR
+    return _shared_allocator(configured_range(), lock_dir).acquire()
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_allocator(id_range: HostIdRange, lock_dir: str) -> HostIdAllocator:
+    return HostIdAllocator(id_range, lock_dir)
+
+
 def uids_in_use() -> set[int]:
     """Every real, effective, saved and file-system uid of every live process on the host.
 

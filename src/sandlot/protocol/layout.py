@@ -13,7 +13,9 @@ WORKSPACE_ROOTS = (HOME, "/tmp")
 """The directories the files.* API may reach (the working directory and /tmp)."""
 
 SANDBOX_UID = 1000
-"""The uid user code runs as inside the sandbox (``user`` in its /etc/passwd)."""
+"""The uid user code runs as inside a bwrap sandbox's user namespace (``user`` in its
+/etc/passwd). A Docker/Podman container has no user namespace: it runs as a host uid of
+its own, which its own /etc/passwd names ``user`` (``backends/docker/_accounts.py``)."""
 SANDBOX_GID = 1000
 
 TEMPLATE_GUEST = "/opt/sandlot/template"

@@ -12,6 +12,9 @@ stdin/stdout through the engine's attach stream (no host socket, no network).
 * ``Sandbox(backend="docker")``: dockerd with its default runtime (runc).
 * ``Sandbox(backend=DockerBackend(runtime="runsc"))``: gVisor (or ``kata-runtime``).
 * ``Sandbox(backend="podman")``: Podman (rootful), through its API socket.
+* Each container runs as a host uid and gid of its own from the range delegated to
+  sandlot (:mod:`._accounts`), held for its life: the kernel's per-user quotas are per
+  container. No range, or none free: the start is refused (IsolationUnavailable).
 * :func:`cleanup_orphans`: remove sandlot containers whose creator is gone (servers
   call each backend's :meth:`~sandlot.backends.Backend.cleanup_orphans`, which does
   this for its engine, at start-up). ``Sandbox(backend=..., pool=sandlot.Pool(...))`` keeps warm
@@ -42,8 +45,10 @@ from sandlot._exceptions import (
     TemplateError,
 )
 from sandlot._models import NetworkEvent, ResourceUsage
-from sandlot.backends._base import Backend, Probe, SandboxHandle
+from sandlot.backends import _hostids
+from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle
 from sandlot.backends._channel import ChannelHandle
+from sandlot.backends.docker import _accounts
 from sandlot.backends.docker._compile import (
     LABEL,
     LABEL_OWNER,
@@ -66,7 +71,6 @@ from sandlot.backends.docker._seccomp import profile_json
 from sandlot.egress import EgressLease, EgressProxy, default_proxy
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
-from sandlot.protocol.layout import SANDBOX_GID, SANDBOX_UID
 from sandlot.templates import cache_dir
 
 __all__ = [
@@ -75,6 +79,7 @@ __all__ = [
     "build_template_image",
     "cleanup_orphans",
     "container_backend_problem",
+    "host_ids_finding",
     "owner_tag",
 ]
 
@@ -202,6 +207,11 @@ class _ContainerBackend(Backend):
     def cleanup_orphans(cls) -> list[str]:
         return _remove_orphans(cls.kind)
 
+    @classmethod
+    def checks(cls) -> list[Finding]:
+        # Only where an engine is configured: without one the probe says what is missing.
+        return [host_ids_finding()] if engine_url(cls.kind) is not None else []
+
     def probe_instance(self) -> Probe:
         """Like :meth:`probe`, for this instance's runtime."""
         return _probe(self.kind, self.runtime, self.name, self.strength)
@@ -237,21 +247,39 @@ class _ContainerBackend(Backend):
 
     # --- start ------------------------------------------------------------------------
     def start(self, spec: SandboxSpec) -> SandboxHandle:
-        if not spec.network.enabled:
-            return self._start(spec, None)
-        lease = self._egress_lease(spec)
+        if spec.network.enabled:
+            self._check_egress_possible()
+        probe = self.probe_instance()
+        if not probe.available:
+            raise BackendUnavailable(
+                f"{self.name} backend unavailable: {probe.reason}. Fix: {probe.fix}"
+            )
+        # The container's own host uid and gid, held until it is gone (given back by the
+        # handle's exit, or here if the start fails). Fail closed: no range, none free.
+        ids = _accounts.acquire()
         try:
-            return self._start(spec, lease)
+            if not spec.network.enabled:
+                return self._start(spec, None, ids)
+            # The sandbox's own socket on the egress proxy, for the container to mount
+            # read-only, given to the container's uid; it goes with the container.
+            proxy = self.egress or default_proxy()
+            lease = proxy.open(spec.sandbox_id or "sandbox", spec.network, (ids.uid, ids.gid))
+            try:
+                return self._start(spec, lease, ids)
+            except BaseException:
+                lease.close()
+                raise
         except BaseException:
-            lease.close()
+            # _start removed its container, if it made one. Should a process of it still
+            # run as the uid, the allocator skips the uid until none does.
+            ids.release()
             raise
 
-    def _egress_lease(self, spec: SandboxSpec) -> EgressLease:
-        """The sandbox's own socket on the egress proxy, for the container to mount.
-
-        The container keeps ``NetworkMode: none``; the socket is its only way out. Fail
-        closed where the socket cannot work: runtimes that do not pass a host unix
-        socket through (gVisor without ``--host-uds``, VMs), or a host user that cannot
+    def _check_egress_possible(self) -> None:
+        """Refuse a network policy where the egress socket cannot work, before touching
+        the engine or the proxy. The container keeps ``NetworkMode: none``; the socket is
+        its only way out. Fail closed for runtimes that do not pass a host unix socket
+        through (gVisor without ``--host-uds``, VMs), and for a host user that cannot
         give the socket to the container's uid."""
         if self.runtime not in (None, "runc", "crun"):
             raise IsolationUnavailable(
@@ -259,21 +287,15 @@ class _ContainerBackend(Backend):
                 f"default runtime (runc/crun), not {self.runtime!r}, whose sandboxes cannot "
                 "reach the host's egress socket; use backend='bwrap' or runc for allow_out"
             )
-        if os.geteuid() not in (0, SANDBOX_UID):
+        if os.geteuid() != 0:
             raise IsolationUnavailable(
                 f"a network policy with the {self.name} backend needs sandlot to run as root "
-                f"(to give the egress socket to the container's uid {SANDBOX_UID})"
+                "(to give the egress socket to the container's own host uid)"
             )
-        proxy = self.egress or default_proxy()
-        owner = (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else None
-        return proxy.open(spec.sandbox_id or "sandbox", spec.network, owner)
 
-    def _start(self, spec: SandboxSpec, lease: EgressLease | None) -> SandboxHandle:
-        probe = self.probe_instance()
-        if not probe.available:
-            raise BackendUnavailable(
-                f"{self.name} backend unavailable: {probe.reason}. Fix: {probe.fix}"
-            )
+    def _start(
+        self, spec: SandboxSpec, lease: EgressLease | None, ids: _accounts.ContainerIds
+    ) -> SandboxHandle:
         engine = _engine_for(self.kind)
         try:
             image = self.ensure_image(spec.template)
@@ -292,6 +314,9 @@ class _ContainerBackend(Backend):
             engine=self.kind.name,
             labels={"org.sandlot.template": spec.template},
             egress_socket=None if lease is None else lease.socket_path,
+            uid=ids.uid,
+            gid=ids.gid,
+            accounts_dir=str(ids.accounts_dir),
         )
         body = build_create_body(spec, layout)
         cid = engine.create(body, name=f"sandlot-{sandbox_id}")
@@ -326,6 +351,7 @@ class _ContainerBackend(Backend):
                 code, None if memory is None else memory + RUNNER_MEMORY_HEADROOM_MB
             ),
             egress=lease,
+            ids=ids,
             resources=spec.resources,
         )
         # A runner that cannot apply its limits says so ("fatal"): IsolationUnavailable.
@@ -334,7 +360,9 @@ class _ContainerBackend(Backend):
 
 
 class ContainerHandle(ChannelHandle):
-    """A container sandbox: the channel, plus the container's cgroup counters."""
+    """A container sandbox: the channel, plus the container's cgroup counters. Its
+    egress socket and host ids go with the container (``on_exit``: once the engine
+    reports it gone)."""
 
     limits_fix = "Lower the limits in Resources."
 
@@ -344,13 +372,19 @@ class ContainerHandle(ChannelHandle):
         process: ContainerProcess,
         *,
         egress: EgressLease | None = None,
+        ids: _accounts.ContainerIds | None = None,
         **kwargs: Any,
     ) -> None:
         self.container = process
         self._egress = egress
-        if egress is not None:
-            kwargs["on_exit"] = egress.close  # the socket goes with the container
-        super().__init__(sock, process, **kwargs)
+        self.host_ids = ids
+        super().__init__(sock, process, on_exit=self._release, **kwargs)
+
+    def _release(self) -> None:
+        if self._egress is not None:
+            self._egress.close()
+        if self.host_ids is not None:
+            self.host_ids.release()
 
     def usage(self) -> ResourceUsage | None:
         return self.container.usage()
@@ -384,6 +418,9 @@ def container_backend_problem(
     probe = backend.probe_instance()
     if not probe.available:
         return f"{probe.name}: {probe.reason} (fix: {probe.fix})"
+    ids = host_ids_finding()
+    if ids.status == "missing":
+        return f"{probe.name}: {ids.detail} (fix: {ids.fix})"
     if not image_current(_engine_for(backend.kind), template):
         return (
             f"the {template} image is not built for {backend.kind.name} "
@@ -391,6 +428,36 @@ def container_backend_problem(
             f"{backend.kind.name} --base IMAGE)"
         )
     return None
+
+
+HOST_IDS_CHECK = "container host ids"
+
+
+def host_ids_finding() -> Finding:
+    """``sandlot doctor``'s word on the host ids containers run as (one pair each, from
+    the delegated range): ``missing``, with the fix, when containers would be refused."""
+    try:
+        id_range = _hostids.configured_range()
+    except IsolationUnavailable as exc:
+        return Finding(
+            HOST_IDS_CHECK, "missing", f"Docker/Podman sandboxes will not start: {exc}",
+            _hostids.RANGE_FIX,
+        )  # fmt: skip
+    lock_dir = Path(os.environ.get(_hostids.LOCK_DIR_ENV) or _hostids.DEFAULT_LOCK_DIR)
+    existing = next(p for p in (lock_dir, *lock_dir.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return Finding(
+            HOST_IDS_CHECK, "missing",
+            f"Docker/Podman sandboxes will not start: sandlot cannot write {lock_dir}, "
+            "where it records which host uids its sandboxes hold",
+            f"run sandlot as root, or set {_hostids.LOCK_DIR_ENV} to a directory it can write",
+        )  # fmt: skip
+    return Finding(
+        HOST_IDS_CHECK,
+        "ok",
+        "each Docker/Podman container runs as an unprivileged host uid and gid of its own "
+        f"({id_range.describe()}), so the kernel's per-user quotas are its own",
+    )
 
 
 def build_template_image(

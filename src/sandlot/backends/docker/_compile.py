@@ -14,14 +14,16 @@ What the container gets (see SECURITY.md and docs/docker.md for what it does *no
   bind-mounted read-only (the runner's forwarder serves ``127.0.0.1:3128`` from it);
 * a read-only root (the template image); writable, size-capped tmpfs at
   ``/home/user`` (the working directory) and ``/tmp``; ``/dev/shm`` capped too;
-* uid/gid 1000, every capability dropped, ``no-new-privileges``;
+* a host uid and gid of the container's own (:mod:`._accounts`: per-user kernel quotas
+  are per container), named ``user`` by its own ``/etc/passwd`` and ``/etc/group``;
+  every capability dropped, ``no-new-privileges``;
 * a seccomp profile compiled from sandlot's deny policy (:mod:`._seccomp`), which
   also forbids new user namespaces and every mount call (Podman's default allows them);
 * whole-sandbox cgroup limits: memory (swap off), pids and CPU; plus the runner's
   per-process rlimits, the same as under bubblewrap;
-* no host mounts but the runner and protocol packages, read-only, and sandlot's own
+* no host mounts but the runner and protocol packages, read-only, sandlot's own
   neutral ``/etc/hosts`` and (empty) ``/etc/resolv.conf`` in place of the engine's,
-  which copy the host's name servers;
+  which copy the host's name servers, and the container's account files;
 * an empty, read-only ``/sys`` (bubblewrap mounts none): neither the host's devices
   nor the cgroup tree are readable. The template image has no ``/root``, ``/var`` or
   ``/run`` and no setuid bit (:mod:`._image_build`); what Podman mounts there anyway
@@ -54,8 +56,6 @@ from sandlot.protocol.layout import (
     GUEST_PYTHON,
     HOME,
     LIB_GUEST,
-    SANDBOX_GID,
-    SANDBOX_UID,
 )
 from sandlot.runner import BOOTSTRAP
 
@@ -97,9 +97,12 @@ sandbox's own limit is RLIMIT_NPROC (see :func:`runner_config`). A bomb that met
 host bound first would end the whole sandbox (the Go runtime cannot start a thread)."""
 DEFAULT_NPROC_HARD = 4096
 """RLIMIT_NPROC the container starts with. Engines otherwise copy the daemon's
-(often unlimited) value, which Podman cannot set without CAP_SYS_RESOURCE. The
-per-sandbox process limit is the cgroup's ``pids.max``: RLIMIT_NPROC counts every
-process of uid 1000 on the host, across containers, so it cannot be per sandbox."""
+(often unlimited) value, which Podman cannot set without CAP_SYS_RESOURCE. It counts
+the processes of the container's own host uid, so it is a per-container ceiling; the
+per-sandbox process limit is the cgroup's ``pids.max``."""
+ACCOUNT_FILES = ("passwd", "group")
+"""Files of ``ContainerLayout.accounts_dir`` bound over the image's in ``/etc``: they
+name the container's own uid and gid ``user`` (the image's name uid 1000)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +128,13 @@ class ContainerLayout:
     None: the engine's default (runc/crun)."""
     cpus: float | None = 1.0
     """CPUs the sandbox may use at once (cgroup CPU quota); None: unlimited."""
+    uid: int
+    gid: int
+    """The container's own host uid and gid (:mod:`._accounts`): what it runs as, and
+    the owner of its ``/home/user``."""
+    accounts_dir: str
+    """Host directory holding the container's ``passwd`` and ``group``
+    (:data:`ACCOUNT_FILES`), which name ``uid`` and ``gid`` ``user``."""
     engine: str = "docker"
     """``docker`` or ``podman``: they spell a tmpfs's owner differently."""
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -140,7 +150,7 @@ def runner_config(spec: SandboxSpec, runtime: str | None = None) -> dict[str, ob
     :data:`DEFAULT_NPROC_HARD`).
 
     Under gVisor (``runtime="runsc"``) it is the other way round: the sandbox runs on
-    gVisor's own kernel, where uid 1000 has no processes but this sandbox's, so
+    gVisor's own kernel, where the sandbox's uid has no processes but its own, so
     RLIMIT_NPROC = ``pids`` is the exact per-sandbox limit (enforced by gVisor), and
     the cgroup bounds only the Sentry's host tasks (:data:`GVISOR_HOST_TASKS_PER_PID`)."""
     # The caller's envs win over the proxy settings (their choice to break them).
@@ -183,6 +193,8 @@ def runner_command() -> list[str]:
 def build_create_body(spec: SandboxSpec, layout: ContainerLayout) -> dict[str, Any]:
     """Return the Engine API ``/containers/create`` body that starts the runner for ``spec``."""
     r = spec.resources
+    if layout.uid <= 0 or layout.gid <= 0:
+        raise ValueError("a container never runs as host root (uid or gid 0)")
     labels = {
         **layout.labels,
         LABEL: layout.sandbox_id,
@@ -199,13 +211,14 @@ def build_create_body(spec: SandboxSpec, layout: ContainerLayout) -> dict[str, A
         "Init": False,
         "Tmpfs": {
             "/tmp": _tmpfs(r.tmp_mb, "1777"),
-            HOME: _tmpfs(r.disk_mb, "0755", owner=layout.engine),
+            HOME: _tmpfs(r.disk_mb, "0755", owner=layout),
         },
         "ShmSize": (r.tmp_mb or 64) * MiB,
         "Mounts": [
             _ro_bind(layout.protocol_dir, f"{LIB_GUEST}/sandlot/protocol"),
             _ro_bind(layout.runner_dir, f"{LIB_GUEST}/sandlot/runner"),
             *(_ro_bind(f"{layout.etc_dir}/{name}", f"/etc/{name}") for name in ETC_FILES),
+            *(_ro_bind(f"{layout.accounts_dir}/{n}", f"/etc/{n}") for n in ACCOUNT_FILES),
         ],
         "Ulimits": _ulimits(r.open_files),
         "LogConfig": {"Type": "none", "Config": {}},
@@ -239,7 +252,7 @@ def build_create_body(spec: SandboxSpec, layout: ContainerLayout) -> dict[str, A
         "Image": layout.image,
         "Entrypoint": runner_command(),
         "Cmd": [],
-        "User": f"{SANDBOX_UID}:{SANDBOX_GID}",
+        "User": f"{layout.uid}:{layout.gid}",
         "WorkingDir": HOME,
         "Env": guest_env(),
         "Hostname": "sandlot",
@@ -258,15 +271,15 @@ def build_create_body(spec: SandboxSpec, layout: ContainerLayout) -> dict[str, A
     }
 
 
-def _tmpfs(size_mb: int | None, mode: str, *, owner: str | None = None) -> str:
+def _tmpfs(size_mb: int | None, mode: str, *, owner: ContainerLayout | None = None) -> str:
     # exec: as under bubblewrap, scripts written to the workspace can be run.
     options = ["rw", "exec", "nosuid", "nodev", f"mode={mode}"]
     if size_mb is not None:
         options.append(f"size={size_mb * MiB}")
-    if owner == "podman":
+    if owner is not None and owner.engine == "podman":
         options.append("U")  # chown to the container's user (Podman has no uid=/gid=)
     elif owner is not None:
-        options += [f"uid={SANDBOX_UID}", f"gid={SANDBOX_GID}"]
+        options += [f"uid={owner.uid}", f"gid={owner.gid}"]
     return ",".join(options)
 
 
