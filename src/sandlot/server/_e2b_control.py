@@ -113,8 +113,14 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def token_matches(record: WireRecord, offered: str) -> bool:
-    return hmac.compare_digest(record.token.encode(), offered.encode())
+_NO_TOKEN = new_token()
+"""Compared against when the sandbox has no record, so an unknown id takes as long."""
+
+
+def token_matches(record: WireRecord | None, offered: str) -> bool:
+    """Constant-time; False for no record."""
+    expected = record.token if record is not None else _NO_TOKEN
+    return hmac.compare_digest(expected.encode(), offered.encode()) and record is not None
 
 
 def registry_of(request: Request) -> WireRegistry:

@@ -125,10 +125,10 @@ async def resolve_normal(
     offered = headers.get(TOKEN_HEADER) or headers.get(TRAFFIC_TOKEN_HEADER)
     record = registry.get(sandbox_id)
     if offered is not None:
-        if record is None:
+        # A wrong token answers as an unknown id does (and costs the same comparison):
+        # neither may tell a caller which sandbox ids are live.
+        if not token_matches(record, offered) or record is None:
             raise not_found(sandbox_id)
-        if not token_matches(record, offered):
-            raise ApiError(401, "AuthenticationError", "invalid access token for this sandbox")
         principal = record.principal
     else:
         found = await _principal_by_key(state, headers)
