@@ -418,3 +418,79 @@ def test_cells_over_the_wire_are_audited_for_the_sandboxs_tenant(
         for line in attack.server.cli("audit", "--json", "--sandbox", victim_id).stdout.splitlines()
     ]
     assert rows and all(row["tenant"] == "victim" for row in rows)
+
+
+def test_creates_through_the_wire_count_against_the_tenants_quota(attack: Attack) -> None:
+    key = attack.server.key("one-sandbox", "--max-sandboxes", "1")
+    sandbox_id, _ = attack.create(key)
+    try:
+        again = httpx.post(
+            f"{attack.url}/v2/sandboxes",
+            json={"templateID": "base"},
+            headers={"X-API-Key": key},
+            timeout=120,
+        )
+        assert again.status_code == 429 and "quota" in again.json()["message"], again.text
+    finally:
+        attack.kill(key, sandbox_id)
+
+
+def test_absurd_timeouts_are_refused_not_a_server_error(
+    attack: Attack, victim: tuple[str, str]
+) -> None:
+    """Seconds too large for a float: a 400 the client can act on, never a 500."""
+    victim_id, _ = victim
+    huge = b"9" * 400
+    headers = {"X-API-Key": attack.key_a, "Content-Type": "application/json"}
+    for path, body in (
+        ("/sandboxes", b'{"templateID": "base", "timeout": ' + huge + b"}"),
+        (f"/sandboxes/{victim_id}/connect", b'{"timeout": ' + huge + b"}"),
+        (f"/sandboxes/{victim_id}/timeout", b'{"timeout": ' + huge + b"}"),
+        (f"/sandboxes/{victim_id}/refreshes", b'{"duration": ' + huge + b"}"),
+    ):
+        got = httpx.post(attack.url + path, content=body, headers=headers, timeout=60)
+        assert got.status_code == 400, (path, got.status_code, got.text)
+        assert got.json()["code"] == 400
+
+
+def test_internet_access_never_exceeds_the_tenants_own_list(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A server that allows two destinations; one tenant may reach one of them, another
+    none: E2B's switch and its allowOut cannot reach past either list."""
+    server = ServerProcess(
+        tmp_path_factory.mktemp("e2b-egress"),
+        "--egress-allow",
+        "example.com",
+        "--egress-allow",
+        "example.org",
+    ).start()
+    try:
+        narrow = server.key("narrow", "--egress-allow", "example.com")
+        closed = server.key("closed", "--no-egress")
+        for key, body in (
+            (narrow, {"network": {"allowOut": ["example.org"]}}),
+            (narrow, {"allow_internet_access": True, "network": {"allowOut": ["*.org"]}}),
+            (closed, {"allow_internet_access": True}),
+            (closed, {"network": {"allowOut": ["example.com"]}}),
+        ):
+            made = httpx.post(
+                f"{server.url}/sandboxes",
+                json={"templateID": "base", **body},
+                headers={"X-API-Key": key},
+                timeout=120,
+            )
+            assert made.status_code == 400, (body, made.text)
+        made = httpx.post(
+            f"{server.url}/sandboxes",
+            json={"templateID": "base"},
+            headers={"X-API-Key": closed},
+            timeout=120,
+        )
+        assert made.status_code == 201, made.text
+        info = httpx.get(
+            f"{server.url}/sandboxes/{made.json()['sandboxID']}", headers={"X-API-Key": closed}
+        )
+        assert info.json()["allowInternetAccess"] is False
+    finally:
+        server.stop()
