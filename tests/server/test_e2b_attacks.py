@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -492,5 +493,54 @@ def test_internet_access_never_exceeds_the_tenants_own_list(
             f"{server.url}/sandboxes/{made.json()['sandboxID']}", headers={"X-API-Key": closed}
         )
         assert info.json()["allowInternetAccess"] is False
+    finally:
+        server.stop()
+
+
+def test_a_vanished_command_client_lets_its_sandbox_go_idle(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A client that starts a silent command over Connect and disconnects must not keep
+    its sandbox leased (out of the idle reaper's reach, a server thread held) until the
+    command or the sandbox's life ends: the server notices the disconnect."""
+    server = ServerProcess(tmp_path_factory.mktemp("e2b-vanish"), "--idle-ttl", "2").start()
+    try:
+        key = server.key("vanishing")
+        made = httpx.post(
+            f"{server.url}/sandboxes",
+            json={"templateID": "base", "timeout": 600},
+            headers={"X-API-Key": key},
+            timeout=120,
+        )
+        sandbox_id, token = made.json()["sandboxID"], made.json()["envdAccessToken"]
+        start = json.dumps(
+            {"process": {"cmd": "/bin/sh", "args": ["-c", "echo started; exec sleep 3600"]}}
+        ).encode()
+        with httpx.stream(
+            "POST",
+            f"{server.url}/process.Process/Start",
+            content=struct.pack(">BI", 0, len(start)) + start,
+            headers={
+                "E2b-Sandbox-Id": sandbox_id,
+                "X-Access-Token": token,
+                "Content-Type": "application/connect+json",
+            },
+            timeout=60,
+        ) as response:
+            received = b""
+            for chunk in response.iter_raw():
+                received += chunk
+                if b"c3RhcnRlZAo=" in received:  # "started\n": the command is running
+                    break
+        # Gone. Idle for 2 s, the sandbox is reaped (the command with it); 60 s is
+        # only the bound of a busy machine, far below the sandbox's 600 s.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = httpx.get(f"{server.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": key})
+            if got.status_code == 404:
+                break
+            time.sleep(0.25)
+        else:
+            pytest.fail("the sandbox stayed leased after its client disconnected")
     finally:
         server.stop()
