@@ -419,6 +419,8 @@ def test_cells_over_the_wire_are_audited_for_the_sandboxs_tenant(
         for line in attack.server.cli("audit", "--json", "--sandbox", victim_id).stdout.splitlines()
     ]
     assert rows and all(row["tenant"] == "victim" for row in rows)
+    assert any("audited" in (row.get("code") or "") for row in rows), rows
+    assert "\x1b" not in attack.server.log()  # the cell's text reached no log raw
 
 
 def test_creates_through_the_wire_count_against_the_tenants_quota(attack: Attack) -> None:
@@ -544,3 +546,31 @@ def test_a_vanished_command_client_lets_its_sandbox_go_idle(
             pytest.fail("the sandbox stayed leased after its client disconnected")
     finally:
         server.stop()
+
+
+def test_multipart_uploads_are_bounded_in_parts_and_names(
+    attack: Attack, victim: tuple[str, str]
+) -> None:
+    victim_id, token = victim
+    headers = {"X-Access-Token": token, "Content-Type": "multipart/form-data; boundary=XX"}
+
+    def part(name: bytes) -> bytes:
+        return (
+            b'--XX\r\nContent-Disposition: form-data; name="file"; filename="%s"\r\n\r\nx\r\n'
+            % (name)
+        )
+
+    for body in (
+        part(b"n" * (1 << 20)) + b"--XX--\r\n",
+        b"".join(part(b"f%d" % i) for i in range(1001)) + b"--XX--\r\n",
+    ):
+        got = attack.plane("POST", "/files", victim_id, headers=headers, content=body)
+        assert got.status_code == 400, got.text
+    listed = attack.plane(
+        "POST",
+        "/filesystem.Filesystem/ListDir",
+        victim_id,
+        headers={"X-Access-Token": token, "Content-Type": "application/json"},
+        json={"path": "."},
+    )
+    assert '"f0"' not in listed.text and "nnnn" not in listed.text
