@@ -52,10 +52,10 @@ CLIENT_ID = "sandlot"
 DEFAULT_TIMEOUT = 300
 """E2B's default sandbox lifetime (seconds) when ``timeout`` is not sent."""
 TOKEN_HEADER = "x-access-token"
+TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 MAX_SECONDS = 2**31 - 1
 """The most seconds a timeout field takes (E2B's are int32): larger ones are refused
 as bad input before they overflow a float."""
-TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 
 
 # --- the registry of tokens -----------------------------------------------------------
