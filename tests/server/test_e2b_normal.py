@@ -227,7 +227,8 @@ def test_envd_refuses_requests_without_the_sandbox_token(wire: Wire) -> None:
             params={"path": "secret.txt"},
             headers={**headers, "X-Access-Token": "not-the-token"},
         )
-        assert wrong.status_code == 401
+        # as for an unknown id: a wrong token does not tell the sandbox exists
+        assert wrong.status_code == 502 and "was not found" in wrong.json()["message"]
         rpc = httpx.post(
             f"{url}/filesystem.Filesystem/Stat",
             json={"path": "secret.txt"},

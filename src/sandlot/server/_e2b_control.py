@@ -53,6 +53,9 @@ DEFAULT_TIMEOUT = 300
 """E2B's default sandbox lifetime (seconds) when ``timeout`` is not sent."""
 TOKEN_HEADER = "x-access-token"
 TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
+MAX_SECONDS = 2**31 - 1
+"""The most seconds a timeout field takes (E2B's are int32): larger ones are refused
+as bad input before they overflow a float."""
 
 
 # --- the registry of tokens -----------------------------------------------------------
@@ -113,8 +116,14 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def token_matches(record: WireRecord, offered: str) -> bool:
-    return hmac.compare_digest(record.token.encode(), offered.encode())
+_NO_TOKEN = new_token()
+"""Compared against when the sandbox has no record, so an unknown id takes as long."""
+
+
+def token_matches(record: WireRecord | None, offered: str) -> bool:
+    """Constant-time; False for no record."""
+    expected = record.token if record is not None else _NO_TOKEN
+    return hmac.compare_digest(expected.encode(), offered.encode()) and record is not None
 
 
 def registry_of(request: Request) -> WireRegistry:
@@ -169,7 +178,7 @@ class _Loose(BaseModel):
 
 class NewSandbox(_Loose):
     template_id: str = Field(..., alias="templateID", min_length=1, max_length=256)
-    timeout: int | None = Field(None, ge=1)
+    timeout: int | None = Field(None, ge=1, le=MAX_SECONDS)
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(None, alias="envVars")
     allow_internet_access: bool | None = None
@@ -179,11 +188,11 @@ class NewSandbox(_Loose):
 
 
 class Timeout(_Loose):
-    timeout: int = Field(..., ge=0)
+    timeout: int = Field(..., ge=0, le=MAX_SECONDS)
 
 
 class ConnectBody(_Loose):
-    timeout: int | None = Field(None, ge=0)
+    timeout: int | None = Field(None, ge=0, le=MAX_SECONDS)
 
 
 _UNSUPPORTED = {
@@ -454,8 +463,16 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         """Keep-alive: extends the sandbox by ``duration`` seconds (E2B's default 60)."""
         raw = await _json(request)
         duration = raw.get("duration", 60) if isinstance(raw, dict) else 60
-        if isinstance(duration, bool) or not isinstance(duration, int) or duration < 0:
-            raise ApiError(400, "InvalidArgumentError", "duration must be whole seconds")
+        if (
+            isinstance(duration, bool)
+            or not isinstance(duration, int)
+            or not 0 <= duration <= MAX_SECONDS
+        ):
+            raise ApiError(
+                400,
+                "InvalidArgumentError",
+                f"duration must be whole seconds from 0 to {MAX_SECONDS}",
+            )
         entry = owned(request, principal, sandbox_id)
         _extend(request, entry, duration)
         return Response(status_code=204)

@@ -26,6 +26,8 @@ services, authenticated by API key as the rest of ``/e2b``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import json
@@ -39,7 +41,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandlot import InvalidArgumentError, SandlotError
 from sandlot.server._e2b import DEBUG_SANDBOX_ID, e2b_result
@@ -125,10 +127,10 @@ async def resolve_normal(
     offered = headers.get(TOKEN_HEADER) or headers.get(TRAFFIC_TOKEN_HEADER)
     record = registry.get(sandbox_id)
     if offered is not None:
-        if record is None:
+        # A wrong token answers as an unknown id does (and costs the same comparison):
+        # neither may tell a caller which sandbox ids are live.
+        if not token_matches(record, offered) or record is None:
             raise not_found(sandbox_id)
-        if not token_matches(record, offered):
-            raise ApiError(401, "AuthenticationError", "invalid access token for this sandbox")
         principal = record.principal
     else:
         found = await _principal_by_key(state, headers)
@@ -224,17 +226,55 @@ class E2bWire:
                 path = _connect_suffix(path)
         token = _TARGET.set(target)
         try:
-            app = self.connect(path) or (None if debug else self.plane)
+            connect = self.connect(path)
+            app = connect or (None if debug else self.plane)
             if app is None:
                 await _send_json(send, 404, {"code": 404, "message": f"no route {path}"})
                 return
-            await app(
-                {**scope, "path": path, "raw_path": path.encode(), "root_path": ""}, receive, send
-            )
+            scope = {**scope, "path": path, "raw_path": path.encode(), "root_path": ""}
+            if connect is not None:
+                await _until_disconnect(connect, scope, receive, send)
+            else:
+                await app(scope, receive, send)
         finally:
             _TARGET.reset(token)
             if entry is not None:
                 self.state.manager.release(entry)
+
+
+async def _until_disconnect(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run a Connect call, cancelled if its client disconnects.
+
+    The Connect app reads the request and then only writes: a silent streaming call
+    (``Process.Start`` of a quiet command) would never notice its client is gone, and
+    would hold the sandbox's lease (out of the idle reaper's reach) and a server thread
+    until the command or the sandbox's life ended. Once the body is read, this listens
+    for ``http.disconnect`` as Starlette's streaming responses do."""
+    body_read = asyncio.Event()
+
+    async def tracked() -> Message:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            body_read.set()
+        return message
+
+    async def disconnected() -> None:
+        await body_read.wait()
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    call = asyncio.ensure_future(app(scope, tracked, send))
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((call, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not call.done():
+            call.cancel()  # the client left (or this request is being cancelled)
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
 
 
 def _connect_suffix(path: str) -> str:
