@@ -32,7 +32,7 @@ import json
 import logging
 import re
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -324,9 +324,11 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
     @app.post("/execute")
     async def run(target: Current, body: Execute) -> StreamingResponse:
         state = target.state
-        return await execute(
+        response = await execute(
             state, target.principal, target.entry, body, state.settings.e2b_cell_timeout, e2b_result
         )
+        response.body_iterator = _cut_if_killed(state, target.entry, response.body_iterator)
+        return response
 
     @app.post("/contexts")
     async def new_context(target: Current, body: CreateContext) -> ContextInfo:
@@ -348,6 +350,23 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
 
     _ = (invalid, health, read, write, run, new_context, contexts, restart, remove)
     return app
+
+
+class SandboxKilledError(Exception):
+    """The sandbox ended while a cell streamed: the response is cut, not finished."""
+
+
+async def _cut_if_killed(
+    state: ServerState, entry: ManagedSandbox, chunks: AsyncIterable[Any]
+) -> AsyncIterator[Any]:
+    """End the ``/execute`` stream as E2B's does when its sandbox is killed mid-cell:
+    by dropping the connection, not with a complete body. The E2B client then asks
+    whether the sandbox still runs and raises its "sandbox was killed" timeout; a
+    complete body would read as a cell that merely failed."""
+    async for chunk in chunks:
+        yield chunk
+    if not state.manager.registered(entry):
+        raise SandboxKilledError(f"sandbox {entry.sandbox_id} ended during the cell")
 
 
 def _written(info: dict[str, Any]) -> dict[str, Any]:
