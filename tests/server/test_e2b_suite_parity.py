@@ -153,3 +153,19 @@ def test_files_and_commands_answer_as_envd(opts: dict[str, Any]) -> None:
             handle.wait()
     finally:
         sbx.kill()
+
+
+def test_a_sandbox_past_its_timeout_is_not_running_at_once(opts: dict[str, Any]) -> None:
+    import time
+
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(timeout=60, **opts)
+    try:
+        sbx.set_timeout(1)
+        # Just past the timeout, before the server's reaper (every second) has come by:
+        # E2B answers "not running" from then on (test_timeout.py).
+        time.sleep(1.1)
+        assert sbx.is_running() is False
+    finally:
+        sbx.kill()

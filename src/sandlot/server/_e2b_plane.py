@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Annotated, Any
@@ -141,9 +142,15 @@ async def resolve_normal(
             )
         principal = found
     try:
-        return state.manager.lease(principal, sandbox_id), principal
+        entry = state.manager.lease(principal, sandbox_id)
     except ApiError:
         raise not_found(sandbox_id) from None
+    if entry.expires_at <= time.time():
+        # Past its timeout, though the reaper has not come by yet: gone, as in E2B
+        # (is_running() is False from the moment the timeout passes).
+        state.manager.release(entry)
+        raise not_found(sandbox_id)
+    return entry, principal
 
 
 _NAMED = re.compile(r"^/e2b/sandboxes/([^/]+)(/.*)$")
