@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from _server_harness import ServerProcess
@@ -169,3 +170,40 @@ def test_a_sandbox_past_its_timeout_is_not_running_at_once(opts: dict[str, Any])
         assert sbx.is_running() is False
     finally:
         sbx.kill()
+
+
+def test_signed_file_urls(opts: dict[str, Any]) -> None:
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(timeout=60, secure=True, **opts)
+    other = Sandbox.create(timeout=60, secure=True, **opts)
+    try:
+        sbx.files.write("signed.txt", "for the link")
+        other.files.write("signed.txt", "the other sandbox's")
+        # A plain GET, no headers: the signature alone names the sandbox and the file
+        # (files/test_secured.py).
+        for url in (sbx.download_url("signed.txt", "user"), sbx.download_url("signed.txt")):
+            assert httpx.get(url).text == "for the link"
+        assert httpx.get(other.download_url("signed.txt", "user", 120)).text == (
+            "the other sandbox's"
+        )
+        expired = httpx.get(sbx.download_url("signed.txt", "user", use_signature_expiration=-120))
+        assert expired.status_code == 401
+        assert expired.json() == {"code": 401, "message": "signature is already expired"}
+        # Signed for another path, or tampered with: refused.
+        url = sbx.download_url("signed.txt", "user")
+        assert httpx.get(url.replace("signed.txt", "other.txt")).status_code == 401
+        assert httpx.get(url[:-2] + "xx").status_code == 401
+        upload = httpx.post(
+            sbx.upload_url("up.txt", "user"), files={"file": ("up.txt", b"uploaded")}
+        )
+        assert upload.status_code == 200, upload.text
+        assert sbx.files.read("up.txt") == "uploaded"
+        # A read signature does not allow a write.
+        denied = httpx.post(
+            sbx.download_url("up.txt", "user"), files={"file": ("up.txt", b"overwritten")}
+        )
+        assert denied.status_code == 401
+    finally:
+        sbx.kill()
+        other.kill()

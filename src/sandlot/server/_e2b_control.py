@@ -102,6 +102,10 @@ class WireRegistry:
                 self._records[entry.sandbox_id] = record
             return record
 
+    def records(self) -> list[tuple[str, WireRecord]]:
+        with self._lock:
+            return list(self._records.items())
+
     def prune(self, live: set[str]) -> None:
         """Forget the sandboxes that are gone."""
         with self._lock:

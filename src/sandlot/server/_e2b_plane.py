@@ -26,12 +26,16 @@ services, authenticated by API key as the rest of ``/e2b``.
 
 from __future__ import annotations
 
+import base64
 import contextvars
 import dataclasses
+import hashlib
+import hmac
 import json
 import logging
 import re
 import time
+import urllib.parse
 import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Annotated, Any
@@ -153,6 +157,40 @@ async def resolve_normal(
     return entry, principal
 
 
+def resolve_signed(
+    state: ServerState, registry: WireRegistry, scope: Scope
+) -> tuple[ManagedSandbox, Principal]:
+    """A signed file URL (E2B's ``download_url``/``upload_url``): ``/files`` with
+    ``signature`` (and ``signature_expiration``) in its query and no headers. The
+    signature is ``v1_`` + base64(SHA-256 of ``path:operation:user:token[:expiry]``),
+    made with the sandbox's access token; the sandbox is the one whose token makes it.
+    Leased."""
+    raw_query: bytes = scope.get("query_string", b"")
+    query: dict[str, list[str]] = urllib.parse.parse_qs(raw_query.decode("latin-1"))
+
+    def one(name: str) -> str:
+        return (query.get(name) or [""])[0]
+
+    signature, expiry = one("signature"), one("signature_expiration")
+    operation = "write" if scope.get("method") == "POST" else "read"
+    if expiry and not expiry.lstrip("-").isdigit():
+        raise ApiError(400, "InvalidArgumentError", "signature_expiration must be an integer")
+    for sandbox_id, record in registry.records():
+        raw = f"{one('path')}:{operation}:{one('username')}:{record.token}"
+        if expiry:
+            raw += f":{expiry}"
+        digest = hashlib.sha256(raw.encode()).digest()
+        expected = "v1_" + base64.b64encode(digest).rstrip(b"=").decode("ascii")
+        if hmac.compare_digest(expected.encode(), signature.encode()):
+            if expiry and int(expiry) < time.time():
+                raise ApiError(401, "AuthenticationError", "signature is already expired")
+            try:
+                return state.manager.lease(record.principal, sandbox_id), record.principal
+            except ApiError:
+                raise not_found(sandbox_id) from None
+    raise ApiError(401, "AuthenticationError", "invalid signature for this file URL")
+
+
 _NAMED = re.compile(r"^/e2b/sandboxes/([^/]+)(/.*)$")
 
 
@@ -211,13 +249,16 @@ class E2bWire:
             await self.app(scope, receive, send)  # the debug-mode routes (_e2b.py)
             return
         headers = _headers(scope)
-        if not debug and "e2b-sandbox-id" not in headers:
+        signed = not debug and path == "/files" and b"signature=" in scope.get("query_string", b"")
+        if not debug and "e2b-sandbox-id" not in headers and not signed:
             await self.app(scope, receive, send)
             return
         entry: ManagedSandbox | None = None
         target: Target | ApiError
         try:
-            if debug:
+            if signed and "e2b-sandbox-id" not in headers:
+                entry, principal = resolve_signed(self.state, self.registry, scope)
+            elif debug:
                 entry, principal, path = await resolve_debug(self.state, headers, path)
             else:
                 entry, principal = await resolve_normal(self.state, self.registry, headers)
