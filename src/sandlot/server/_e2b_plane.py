@@ -279,6 +279,10 @@ class E2bWire:
             await app(
                 {**scope, "path": path, "raw_path": path.encode(), "root_path": ""}, receive, send
             )
+        except SandboxKilledError as exc:
+            # Returning with the body unfinished makes the ASGI server drop the
+            # connection (it logs one line saying so); no traceback for an expected end.
+            log.info("cut the response to %s: %s", scope["path"], exc)
         finally:
             _TARGET.reset(token)
             if entry is not None:
