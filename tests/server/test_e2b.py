@@ -102,7 +102,7 @@ def test_contexts(client_env: E2B) -> None:
     assert ctx.id in [c.id for c in sbx.list_code_contexts()]
     sbx.run_code("only_here = 1", context=ctx)
     assert sbx.run_code("only_here", context=ctx).text == "1"
-    assert sbx.run_code("import os; os.getcwd()", context=ctx).text == "'/tmp'"
+    assert sbx.run_code("import os; os.getcwd()", context=ctx).text == "/tmp"
     assert sbx.run_code("only_here").error is not None  # default context: separate state
     sbx.restart_code_context(ctx)
     restarted = sbx.run_code("only_here", context=ctx)

@@ -91,7 +91,7 @@ def test_code_interpreter_sync_end_to_end(wire: Wire) -> None:
 
         context = sbx.create_code_context()
         sbx.run_code("y = 'in context'", context=context)
-        assert sbx.run_code("y", context=context).text == "'in context'"
+        assert sbx.run_code("y", context=context).text == "in context"
         assert context.id in [c.id for c in sbx.list_code_contexts()]
         sbx.remove_code_context(context)
 

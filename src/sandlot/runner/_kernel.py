@@ -321,6 +321,12 @@ class Kernel:
         kernel = self
 
         def display(*objs: Any, **kwargs: Any) -> None:
+            if kwargs.get("raw"):
+                # raw=True: each object is already a MIME bundle ({mime type: data}).
+                for obj in objs:
+                    if isinstance(obj, dict):
+                        kernel.emit_bundle(obj)
+                return
             kernel.display(*objs)
 
         module.display = display

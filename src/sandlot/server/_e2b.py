@@ -219,10 +219,49 @@ def e2b_chart(chart: dict[str, Any]) -> dict[str, Any]:
     return chart
 
 
+def e2b_data(data: dict[str, Any]) -> dict[str, Any]:
+    """sandlot's table (``{columns, index, data, ...}``) as the E2B client reads
+    ``Result.data``: one list of values per column, keyed by the column's name.
+
+    Keys are strings (JSON's); a tuple-named column (a MultiIndex) is keyed by its
+    ``str``. The rows are those sandlot keeps (the head of a long frame)."""
+    if data.get("type") != "dataframe":
+        return data
+    columns = data.get("columns")
+    rows = data.get("data")
+    if not isinstance(columns, list) or not isinstance(rows, list):
+        return data
+    return {
+        (c if isinstance(c, str) else str(tuple(c)) if isinstance(c, list) else str(c)): [
+            row[i] for row in rows if isinstance(row, list) and i < len(row)
+        ]
+        for i, c in enumerate(columns)
+    }
+
+
+def e2b_text(text: str) -> str:
+    """The text of a result as the E2B client gets it: the code interpreter drops one
+    pair of enclosing quotes from a repr (``'bar'`` -> ``bar``), so a cell ending in a
+    string reads as that string."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
 def e2b_result(message: dict[str, Any]) -> dict[str, Any]:
+    """A sandlot result message in the E2B client's shape (charts, data, text)."""
+    if message.get("type") != "result":
+        return message
+    message = dict(message)
     chart = message.get("chart")
     if isinstance(chart, dict):
-        return {**message, "chart": e2b_chart(chart)}
+        message["chart"] = e2b_chart(chart)
+    data = message.get("data")
+    if isinstance(data, dict):
+        message["data"] = e2b_data(data)
+    text = message.get("text")
+    if isinstance(text, str):
+        message["text"] = e2b_text(text)
     return message
 
 

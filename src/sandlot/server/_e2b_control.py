@@ -105,6 +105,10 @@ class WireRegistry:
                 self._records[entry.sandbox_id] = record
             return record
 
+    def records(self) -> list[tuple[str, WireRecord]]:
+        with self._lock:
+            return list(self._records.items())
+
     def prune(self, live: set[str]) -> None:
         """Forget the sandboxes that are gone."""
         with self._lock:
@@ -398,6 +402,7 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         nextToken: str | None = None,  # E2B's parameter name
         order: str | None = None,
         template: str | None = None,
+        startedAfter: str | None = None,  # E2B's parameter name
     ) -> JSONResponse:
         if limit < 1 or limit > 1000:
             raise ApiError(400, "InvalidArgumentError", "limit must be between 1 and 1000")
@@ -408,12 +413,15 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         if unknown:
             raise ApiError(400, "InvalidArgumentError", f"unknown state(s) {sorted(unknown)}")
         wanted = _metadata_filter(metadata)
+        after = _moment(startedAfter, "startedAfter")
         registry = registry_of(request)
         entries = [
             e
             for e in state_of(request).manager.owned_by(principal)
             if "running" in states
             and all(e.metadata.get(k) == v for k, v in wanted.items())
+            # At the microsecond precision of the start time E2B's API reports.
+            and (after is None or round(e.created_at * 1e6) >= round(after * 1e6))
             and (template is None or template in (e.template, _template_of(registry, e)))
         ]
         reverse = order != "asc"  # newest first unless asked otherwise
@@ -490,9 +498,15 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         return JSONResponse(_created(entry, record), status_code=200)
 
     @router.get("/sandboxes/{sandbox_id}/metrics")
-    async def metrics(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+    async def metrics(
+        request: Request,
+        principal: Auth,
+        sandbox_id: str,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> JSONResponse:
         entry = owned(request, principal, sandbox_id)
-        return JSONResponse(await state_of(request).blocking(_metrics, entry))
+        return JSONResponse(await state_of(request).blocking(_metrics, entry, start, end))
 
     @router.post("/sandboxes/{sandbox_id}/pause")
     async def pause(principal: Auth, sandbox_id: str) -> None:
@@ -534,6 +548,19 @@ def _extend(request: Request, entry: ManagedSandbox, seconds: int) -> None:
         state_of(request).manager.set_timeout(entry, float(seconds))
 
 
+def _moment(raw: str | None, name: str) -> float | None:
+    """An ISO 8601 time from a query (a naive one is UTC) as Unix seconds."""
+    if raw is None:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ApiError(400, "InvalidArgumentError", f"{name} must be an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
+
+
 def _metadata_filter(raw: str | None) -> dict[str, str]:
     """E2B's ``metadata`` query: ``k=v&k2=v2``, keys and values each percent-encoded."""
     if not raw:
@@ -557,22 +584,31 @@ def _cursor(token: str) -> tuple[float, str]:
         raise ApiError(400, "InvalidArgumentError", "invalid nextToken") from None
 
 
-def _metrics(entry: ManagedSandbox) -> list[dict[str, Any]]:
+def _metrics(
+    entry: ManagedSandbox, start: int | None = None, end: int | None = None
+) -> list[dict[str, Any]]:
     """One sample from the sandbox's cgroup: memory is the peak since start, CPU the
     average since start; disk use is not measured (0). Empty where the backend cannot
-    measure."""
+    measure, or where the asked range (E2B's ``start``/``end``, Unix seconds) misses
+    the sandbox's life so far; the sample is stamped at the range's end if that is
+    earlier than now."""
+    now = time.time()
+    if start is not None and end is not None and start > end:
+        raise ApiError(400, "InvalidArgumentError", "start must not be after end")
+    if (end is not None and end < int(entry.created_at)) or (start is not None and start > now):
+        return []
     handle = entry.sandbox.handle
     usage = handle.usage() if handle is not None else None
     if usage is None:
         return []
-    now = time.time()
+    stamp = now if end is None else max(min(now, float(end)), entry.created_at)
     cpus = float(entry.resources.cpus or 1)
     elapsed = max(now - entry.created_at, 1e-3)
     cpu_pct = 100.0 * (usage.cpu_seconds or 0.0) / (elapsed * cpus)
     return [
         {
-            "timestamp": _iso(now),
-            "timestampUnix": int(now),
+            "timestamp": _iso(stamp),
+            "timestampUnix": int(stamp),
             "cpuCount": int(cpus),
             "cpuUsedPct": round(min(cpu_pct, 100.0), 2),
             "memUsed": int(usage.memory_peak_bytes or 0),

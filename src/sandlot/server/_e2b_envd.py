@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import itertools
+import posixpath
 import shlex
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
@@ -168,7 +169,11 @@ def _entry(info: sandlot.EntryInfo) -> filesystem_pb.EntryInfo:
         **fields,
     )
     if target is not None:
-        entry.symlink_target = target
+        # envd names a link's target by its absolute path; sandlot reports what the
+        # link says, which may be relative to the link's directory.
+        entry.symlink_target = posixpath.normpath(
+            posixpath.join(posixpath.dirname(info.path), target)
+        )
     return entry
 
 
@@ -210,7 +215,12 @@ class FilesystemService(filesystem_connect.Filesystem):
 
     async def remove(self, request: Any, ctx: Any) -> Any:
         files = _target().entry.sandbox.files
-        await _call(files.remove, request.path)
+        try:
+            await _call(files.remove, request.path)
+        except ConnectError as exc:
+            # envd removes as ``rm -rf`` does: a path that is not there is no error.
+            if exc.code is not Code.NOT_FOUND:
+                raise
         return filesystem_pb.RemoveResponse()
 
     async def watch_dir(self, request: Any, ctx: Any) -> AsyncIterator[Any]:
@@ -231,6 +241,19 @@ _BACKGROUND = (
     "sandlot's E2B wire runs foreground commands (commands.run); background processes, "
     "their handles and pty are being added to sandlot's process API"
 )
+
+
+def _check_not_cut(target: Target, result: Any) -> None:
+    """A command that did not run to its end answers as envd's does: its deadline
+    passed (DEADLINE_EXCEEDED, the SDK's TimeoutException), or its sandbox was killed
+    (UNAVAILABLE, which the SDK confirms with a health probe), not an exit code."""
+    if not target.state.manager.registered(target.entry):
+        raise ConnectError(
+            Code.UNAVAILABLE,
+            f"the sandbox {target.entry.sandbox_id} ended before the command completed",
+        )
+    if result is not None and result.error == "timeout":
+        raise ConnectError(Code.DEADLINE_EXCEEDED, "the command exceeded its timeout")
 
 
 class ProcessService(process_connect.Process):
@@ -267,6 +290,7 @@ class ProcessService(process_connect.Process):
                 data = process_pb.ProcessEvent.DataEvent(output=_oneof(kind, value))
                 event = process_pb.ProcessEvent(event=_oneof("data", data))
             elif kind == "end":
+                _check_not_cut(target, value)
                 end = process_pb.ProcessEvent.EndEvent(
                     exit_code=value.exit_code,
                     exited=value.exit_code >= 0,
@@ -276,6 +300,7 @@ class ProcessService(process_connect.Process):
                     end.error = value.error
                 event = process_pb.ProcessEvent(event=_oneof("end", end))
             else:
+                _check_not_cut(target, None)
                 raise _connect_error(value)
             yield process_pb.StartResponse(event=event)
 

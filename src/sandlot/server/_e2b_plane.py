@@ -27,14 +27,19 @@ services, authenticated by API key as the rest of ``/e2b``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import contextvars
 import dataclasses
+import hashlib
+import hmac
 import json
 import logging
 import re
+import time
+import urllib.parse
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -143,9 +148,49 @@ async def resolve_normal(
             )
         principal = found
     try:
-        return state.manager.lease(principal, sandbox_id), principal
+        entry = state.manager.lease(principal, sandbox_id)
     except ApiError:
         raise not_found(sandbox_id) from None
+    if entry.expires_at <= time.time():
+        # Past its timeout, though the reaper has not come by yet: gone, as in E2B
+        # (is_running() is False from the moment the timeout passes).
+        state.manager.release(entry)
+        raise not_found(sandbox_id)
+    return entry, principal
+
+
+def resolve_signed(
+    state: ServerState, registry: WireRegistry, scope: Scope
+) -> tuple[ManagedSandbox, Principal]:
+    """A signed file URL (E2B's ``download_url``/``upload_url``): ``/files`` with
+    ``signature`` (and ``signature_expiration``) in its query and no headers. The
+    signature is ``v1_`` + base64(SHA-256 of ``path:operation:user:token[:expiry]``),
+    made with the sandbox's access token; the sandbox is the one whose token makes it.
+    Leased."""
+    raw_query: bytes = scope.get("query_string", b"")
+    query: dict[str, list[str]] = urllib.parse.parse_qs(raw_query.decode("latin-1"))
+
+    def one(name: str) -> str:
+        return (query.get(name) or [""])[0]
+
+    signature, expiry = one("signature"), one("signature_expiration")
+    operation = "write" if scope.get("method") == "POST" else "read"
+    if expiry and not expiry.lstrip("-").isdigit():
+        raise ApiError(400, "InvalidArgumentError", "signature_expiration must be an integer")
+    for sandbox_id, record in registry.records():
+        raw = f"{one('path')}:{operation}:{one('username')}:{record.token}"
+        if expiry:
+            raw += f":{expiry}"
+        digest = hashlib.sha256(raw.encode()).digest()
+        expected = "v1_" + base64.b64encode(digest).rstrip(b"=").decode("ascii")
+        if hmac.compare_digest(expected.encode(), signature.encode()):
+            if expiry and int(expiry) < time.time():
+                raise ApiError(401, "AuthenticationError", "signature is already expired")
+            try:
+                return state.manager.lease(record.principal, sandbox_id), record.principal
+            except ApiError:
+                raise not_found(sandbox_id) from None
+    raise ApiError(401, "AuthenticationError", "invalid signature for this file URL")
 
 
 _NAMED = re.compile(r"^/e2b/sandboxes/([^/]+)(/.*)$")
@@ -206,13 +251,16 @@ class E2bWire:
             await self.app(scope, receive, send)  # the debug-mode routes (_e2b.py)
             return
         headers = _headers(scope)
-        if not debug and "e2b-sandbox-id" not in headers:
+        signed = not debug and path == "/files" and b"signature=" in scope.get("query_string", b"")
+        if not debug and "e2b-sandbox-id" not in headers and not signed:
             await self.app(scope, receive, send)
             return
         entry: ManagedSandbox | None = None
         target: Target | ApiError
         try:
-            if debug:
+            if signed and "e2b-sandbox-id" not in headers:
+                entry, principal = resolve_signed(self.state, self.registry, scope)
+            elif debug:
                 entry, principal, path = await resolve_debug(self.state, headers, path)
             else:
                 entry, principal = await resolve_normal(self.state, self.registry, headers)
@@ -236,6 +284,10 @@ class E2bWire:
                 await _until_disconnect(connect, scope, receive, send)
             else:
                 await app(scope, receive, send)
+        except SandboxKilledError as exc:
+            # Returning with the body unfinished makes the ASGI server drop the
+            # connection (it logs one line saying so); no traceback for an expected end.
+            log.info("cut the response to %s: %s", scope["path"], exc)
         finally:
             _TARGET.reset(token)
             if entry is not None:
@@ -364,9 +416,11 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
     @app.post("/execute")
     async def run(target: Current, body: Execute) -> StreamingResponse:
         state = target.state
-        return await execute(
+        response = await execute(
             state, target.principal, target.entry, body, state.settings.e2b_cell_timeout, e2b_result
         )
+        response.body_iterator = _cut_if_killed(state, target.entry, response.body_iterator)
+        return response
 
     @app.post("/contexts")
     async def new_context(target: Current, body: CreateContext) -> ContextInfo:
@@ -388,6 +442,23 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
 
     _ = (invalid, health, read, write, run, new_context, contexts, restart, remove)
     return app
+
+
+class SandboxKilledError(Exception):
+    """The sandbox ended while a cell streamed: the response is cut, not finished."""
+
+
+async def _cut_if_killed(
+    state: ServerState, entry: ManagedSandbox, chunks: AsyncIterable[Any]
+) -> AsyncIterator[Any]:
+    """End the ``/execute`` stream as E2B's does when its sandbox is killed mid-cell:
+    by dropping the connection, not with a complete body. The E2B client then asks
+    whether the sandbox still runs and raises its "sandbox was killed" timeout; a
+    complete body would read as a cell that merely failed."""
+    async for chunk in chunks:
+        yield chunk
+    if not state.manager.registered(entry):
+        raise SandboxKilledError(f"sandbox {entry.sandbox_id} ended during the cell")
 
 
 def _written(info: dict[str, Any]) -> dict[str, Any]:
