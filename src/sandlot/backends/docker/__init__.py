@@ -108,6 +108,21 @@ def _engine_for(kind: EngineKind) -> Engine:
         return engine
 
 
+def _unix_unreachable(path: str) -> str | None:
+    """Why nothing answers on the unix socket ``path``, or None if something listens."""
+    if not os.path.exists(path):
+        return "no socket"
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(5)
+        probe.connect(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        probe.close()
+    return None
+
+
 def _probe(kind: EngineKind, runtime: str | None, name: str, strength: int) -> Probe:
     return _probe_at(kind, runtime, name, strength, engine_url(kind))
 
@@ -128,12 +143,15 @@ def _probe_at(
     if url is None:
         return Probe(name, False, f"no {kind.name} API socket found", kind.fix, strength, details)
     details["endpoint"] = url
-    if url.startswith("unix://") and not os.path.exists(url[len("unix://") :]):
-        # Checked here: the SDK leaks the socket of a failed unix connect.
-        return Probe(
-            name, False, f"the {kind.name} engine does not answer: no socket at {url}",
-            kind.fix, strength, details,
-        )  # fmt: skip
+    if url.startswith("unix://"):
+        # Checked here, with a socket that is closed either way: the SDK leaks the
+        # socket of a failed unix connect (no file, or a stale one nobody listens on).
+        problem = _unix_unreachable(url[len("unix://") :])
+        if problem is not None:
+            return Probe(
+                name, False, f"the {kind.name} engine does not answer: {problem} at {url}",
+                kind.fix, strength, details,
+            )  # fmt: skip
     try:
         engine = _engine_for(kind)
         info = engine.info()
