@@ -56,6 +56,9 @@ from sandlot.protocol import CHUNK_BYTES
 
 OOM_POLL = 0.2
 """Seconds between checks of the sandbox's out-of-memory counter while a cell runs."""
+OUTPUT_SLACK = 4096
+"""Bytes a background process's output may exceed ``output_bytes`` by, host side (the
+runner's truncation marker), before the host drops the rest itself."""
 NETWORK_SETTLE = 1.0
 """Seconds a finished cell waits for its egress connections to be closed, so that
 their records (with byte counts) land on its Execution rather than the next one."""
@@ -472,6 +475,19 @@ class LocalProcessStream:
         self._pid = pid
         self._closed = threading.Event()
         self._ended = False
+        limit = core.spec.resources.output_bytes
+        # The runner caps output at output_bytes; the host never trusts that count.
+        self._room = None if limit is None else limit + OUTPUT_SLACK
+        self._cut = False
+
+    def _within(self, size: int) -> bool:
+        if self._room is None:
+            return True
+        self._room -= size
+        if self._room >= 0:
+            return True
+        self._cut = True
+        return False
 
     @property
     def pid(self) -> int:
@@ -484,15 +500,20 @@ class LocalProcessStream:
                 if event is None:
                     continue
                 kind = event["type"]
-                if kind == "stdout":
-                    yield ProcessEvent(stdout=event["text"])
-                elif kind == "stderr":
-                    yield ProcessEvent(stderr=event["text"])
+                if kind in ("stdout", "stderr"):
+                    text = event["text"]
+                    if self._within(len(text)):
+                        yield ProcessEvent(**{kind: text})
                 elif kind == "data":
-                    yield ProcessEvent(pty=base64.b64decode(event["data"]))
+                    data = base64.b64decode(event["data"])
+                    if self._within(len(data)):
+                        yield ProcessEvent(pty=data)
                 elif kind == "exit":
                     self._ended = True
-                    yield _end_event(event)
+                    end = _end_event(event)
+                    if self._cut and end.error is None:
+                        end = dataclasses.replace(end, error="output truncated")
+                    yield end
                     return
                 elif kind == "reply":  # not sent after "started"; a broken runner
                     self._ended = True

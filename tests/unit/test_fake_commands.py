@@ -197,3 +197,18 @@ def test_the_async_twin() -> None:
             await sbx.kill()
 
     asyncio.run(main())
+
+
+def test_the_host_caps_output_a_runner_sends_beyond_the_limit() -> None:
+    # A runner that ignores output_bytes (compromised, or buggy) cannot make the host
+    # keep more than the limit plus the marker's slack.
+    def flood(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield {"type": "started", "pid": 9}
+        for _ in range(64):
+            yield {"type": "stdout", "text": "x" * 65536}
+        yield {"type": "exit", "status": "ok", "exit_code": 0}
+
+    with Sandbox(backend=FakeBackend(flood), resources={"output_bytes": 1024}) as sbx:
+        result = sbx.commands.run("flood", background=True).wait()
+    assert len(result.stdout) <= 1024 + 4096
+    assert result.error == "output truncated"

@@ -50,6 +50,9 @@ RING_BYTES = 1024 * 1024
 """Output kept per process for subscribers that connect later (the newest bytes)."""
 STDIN_WAIT = 10.0
 """Seconds a write to a process's stdin may wait for the process to read."""
+SUBSCRIBERS = 8
+"""Streams one process may have at once (``process_start`` and ``process_connect``):
+each costs the host a stream, and a server a thread."""
 KILL_WAIT = 5.0
 """Seconds ``process_kill`` waits for the killed process to be reaped."""
 
@@ -143,6 +146,14 @@ class Tracked:
         """Send ``started``, replay the ring, then stream live output to ``rid``."""
         send = self.table.host.send
         with self.lock:
+            if len(self.subscribers) >= SUBSCRIBERS:
+                self.table.host.fail(
+                    rid,
+                    "ProcessLimitError",
+                    "process %d already streams to %d connections; disconnect one first"
+                    % (self.pid, SUBSCRIBERS),
+                )
+                return
             send({"type": "started", "id": rid, "pid": self.pid})
             for event, _ in self.ring:
                 send(dict(event, id=rid))

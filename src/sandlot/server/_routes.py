@@ -9,9 +9,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import tempfile
+import threading
 import time
 import typing
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Executor, Future
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -606,6 +608,29 @@ class StdinIn(Strict):
 StartProcess.model_rebuild()
 
 
+class _OwnThread(Executor):
+    """Runs each process stream on a thread of its own, not in the server's worker
+    pool: a stream lasts as long as its process, and a tenant's many long streams
+    must not take the workers other tenants' cells wait for. Bounded by the runner
+    (streams per process) and by the process and sandbox quotas."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        threading.Thread(target=run, name="sandlot-process-stream", daemon=True).start()
+        return future
+
+
+_STREAM_THREADS = _OwnThread()
+
+
 def _process_stream(state: ServerState, entry: ManagedSandbox, handle: Any) -> StreamingResponse:
     """Stream a CommandHandle as NDJSON: ``started``, ``stdout``/``stderr``/``pty``
     (base64), then ``end`` (``exit_code``, ``error``). Disconnecting detaches; the
@@ -632,7 +657,7 @@ def _process_stream(state: ServerState, entry: ManagedSandbox, handle: Any) -> S
 
     stream = ndjson(
         work,
-        state.executor,
+        _STREAM_THREADS,
         handle.disconnect,
         stall_seconds=state.settings.client_stall_timeout,
     )
