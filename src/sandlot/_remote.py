@@ -12,8 +12,10 @@ sent, exactly as in local mode.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import socket
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
@@ -567,16 +569,25 @@ class RemoteProcessStream:
                     return
                 elif kind == "error":  # the server cut a client that read too slowly
                     raise errors.ServerError(str(message.get("value")))
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, httpx.StreamError) as exc:
             if not self._closed:
                 raise errors.SandboxLost(f"the connection to the server was lost: {exc}") from exc
         finally:
-            self._response.close()
+            with contextlib.suppress(httpx.HTTPError, httpx.StreamError, OSError):
+                self._response.close()
 
     def close(self) -> None:
-        # Closing the connection detaches on the server; the process runs on.
+        """Disconnect: the server then detaches; the process runs on. Another thread may
+        be blocked reading this response, which closing it would not wake: the socket is
+        shut down under it, so that read ends now, not at the process's next output."""
         self._closed = True
-        self._response.close()
+        network = self._response.extensions.get("network_stream")
+        sock = network.get_extra_info("socket") if network is not None else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(httpx.HTTPError, httpx.StreamError, OSError):
+            self._response.close()
 
 
 def _network_body(policy: NetworkPolicy) -> dict[str, Any]:

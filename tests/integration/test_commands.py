@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -265,3 +266,27 @@ async def _first(handle: sandlot.AsyncCommandHandle) -> Any:
     async for item in handle:
         yield item
         return
+
+
+def test_disconnect_wakes_a_handle_waiting_in_another_thread(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("echo ready; sleep 600", background=True, timeout=0)
+    try:
+        listening = threading.Event()
+        outcome: list[BaseException] = []
+
+        def waiter() -> None:
+            try:
+                handle.wait(on_stdout=lambda _: listening.set())
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        assert listening.wait(WAIT)
+        handle.disconnect()
+        thread.join(WAIT / 4)
+        assert not thread.is_alive(), "disconnect() did not end the wait"
+        assert len(outcome) == 1 and isinstance(outcome[0], sandlot.SandboxLost), outcome
+        assert handle.pid in {p.pid for p in sandbox.commands.list()}  # it runs on
+    finally:
+        sandbox.commands.kill(handle.pid)
