@@ -67,6 +67,10 @@ class CommandHandle:
     ``pty.create(...)``. Iterate over it for ``(stdout, stderr, pty)`` tuples (one of
     the three set), or call :meth:`wait`. Output is also accumulated on
     :attr:`stdout` / :attr:`stderr`.
+
+    Call :meth:`wait` (or iterate to the end) or :meth:`disconnect` when done with a
+    handle: until then the host keeps the output it receives for it (at most
+    ``output_bytes``).
     """
 
     def __init__(self, stream: ProcessStream, core: ProcessControl) -> None:
