@@ -53,6 +53,9 @@ STREAM_SLACK = 30.0
 """Seconds the client waits past a cell's own timeout (plus the host backstop) for the
 server's answer before it gives up on the connection."""
 
+STDIN_PIECE = 512 * 1024
+"""Bytes of stdin per request (base64 makes them 4/3 as many on the wire)."""
+
 _RESULT_FIELDS = {f.name for f in fields(Result)}
 
 
@@ -468,8 +471,10 @@ class RemoteCore:
         return bool(self._request("DELETE", self._path(f"/processes/{pid}")).json()["killed"])
 
     def send_stdin(self, pid: int, data: bytes) -> None:
-        body = {"data": base64.b64encode(data).decode("ascii")}
-        self._request("POST", self._path(f"/processes/{pid}/stdin"), json=body)
+        # In pieces well within the server's request body limit.
+        for start in range(0, max(len(data), 1), STDIN_PIECE):
+            piece = base64.b64encode(data[start : start + STDIN_PIECE]).decode("ascii")
+            self._request("POST", self._path(f"/processes/{pid}/stdin"), json={"data": piece})
 
     def close_stdin(self, pid: int) -> None:
         self._request("POST", self._path(f"/processes/{pid}/close-stdin"))

@@ -290,3 +290,18 @@ def test_disconnect_wakes_a_handle_waiting_in_another_thread(sandbox: Sandbox) -
         assert handle.pid in {p.pid for p in sandbox.commands.list()}  # it runs on
     finally:
         sandbox.commands.kill(handle.pid)
+
+
+def test_large_stdin_through_a_process_that_echoes_it(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    # cat writes what it reads: its stdout must keep draining while the host is still
+    # writing its stdin, or both sides wait for each other.
+    sbx = make_sandbox()
+    handle = sbx.commands.run("cat", background=True, stdin=True)
+    # 960 KiB (output_bytes is 1 MiB): far beyond a pipe's buffer; in remote mode, more
+    # than one request's worth.
+    data = b"0123456789abcdef" * 61440
+    handle.send_stdin(data)
+    handle.close_stdin()
+    assert handle.wait().stdout.encode() == data

@@ -93,6 +93,11 @@ class Tracked:
         """A descriptor to write the process's input to (the terminal for a pty)."""
         self.pty = pty
         self.lock = threading.Lock()
+        """Guards the output ring, subscribers and exit."""
+        self.stdin_lock = threading.Lock()
+        """Guards ``stdin``. Separate from ``lock``: a write waiting for the process to
+        read must not hold up its output (a ``cat`` stops reading while its stdout is
+        full)."""
         self.ring: Deque[Tuple[Dict[str, Any], int]] = collections.deque()
         self.ring_size = 0
         self.used = 0
@@ -182,7 +187,7 @@ class Tracked:
     # --- input ------------------------------------------------------------------------
     def write(self, data: bytes) -> Optional[str]:
         """Write ``data`` to the process's input; an error message, or None."""
-        with self.lock:
+        with self.stdin_lock:
             fd = self.stdin
             if fd is None:
                 return "process %d has no open stdin (start it with stdin=True)" % self.pid
@@ -204,7 +209,7 @@ class Tracked:
         return None
 
     def close_stdin(self) -> Optional[str]:
-        with self.lock:
+        with self.stdin_lock:
             if self.pty:
                 return "a terminal has no stdin to close; send it EOF (Ctrl-D) instead"
             fd, self.stdin = self.stdin, None
@@ -339,7 +344,7 @@ class Background:
         if status == "ok" and code != 0:
             status = "error"
         tracked.finish(code, status)
-        with tracked.lock:
+        with tracked.stdin_lock:
             fd, tracked.stdin = tracked.stdin, None
         if fd is not None:
             with contextlib.suppress(OSError):
@@ -403,7 +408,7 @@ class Background:
         tracked = self.get(request["id"], request["pid"])
         if tracked is None:
             return
-        with tracked.lock:
+        with tracked.stdin_lock:
             fd = tracked.stdin if tracked.pty else None
             if fd is None:
                 self.host.fail(
