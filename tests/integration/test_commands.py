@@ -305,3 +305,29 @@ def test_large_stdin_through_a_process_that_echoes_it(
     handle.send_stdin(data)
     handle.close_stdin()
     assert handle.wait().stdout.encode() == data
+
+
+FORK_BOMB = (
+    "import os, time\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.fork()\n"
+    "    except OSError:\n"
+    "        time.sleep(0.5)\n"
+)
+"""Forks until the pids limit refuses, then keeps trying (gently: the machine is shared)."""
+
+
+@pytest.mark.local_only  # counts host processes; the server's ceilings may refuse pids=64
+def test_a_background_fork_bomb_stays_within_pids_and_is_killed(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sbx = make_sandbox(resources={"pids": 64})
+    marker = _marker()
+    bomb = sbx.commands.run(f"exec python3 -c '{FORK_BOMB}' {marker}", background=True)
+    # Counted from the host: with the pids limit used up, a cell cannot start its work.
+    _eventually(lambda: len(_host_pids(marker)) > 32, "the bomb to spread")
+    assert len(_host_pids(marker)) <= 64
+    assert sbx.commands.kill(bomb.pid) is True
+    _eventually(lambda: _host_pids(marker) == [], "the bomb to be gone")
+    assert sbx.commands.run("echo alive").stdout == "alive\n"
