@@ -120,7 +120,8 @@ class Tracked:
                 text = data.decode("utf-8", "ignore")
                 self.cut = True
             self.used += len(data)
-            if data:
+            # (Text may be empty while data is not: a chunk that ends inside a character.)
+            if data and (kind == "pty" or text):
                 events.append((self._event(kind, data, text), len(data)))
             if self.cut:
                 marker = "\n[sandlot: output truncated: more than %d bytes of stdout/stderr]\n" % (
