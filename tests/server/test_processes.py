@@ -134,6 +134,10 @@ def test_refusals_have_their_status(alice: httpx.Client, sandbox_id: str) -> Non
     assert stdin.status_code == 404
     assert alice.post(base, json={"cmd": " "}).status_code == 400
     assert alice.post(base, json={"cmd": "true", "timeout": -1}).status_code == 422
+    assert alice.post(base, json={"cmd": "true", "nope": 1}).status_code == 422
+    assert alice.post(base, json={"pty": {"rows": 0, "cols": 80}}).status_code == 422
+    assert alice.post(base, json={"cmd": "true", "envs": {"A=B": "x"}}).status_code == 400
+    assert alice.post(f"{base}/1/stdin", json={"data": "not base64!"}).status_code == 400
     for _ in range(2):
         with alice.stream("POST", base, json={"cmd": "sleep 600"}) as response:
             assert next(_lines(response))["type"] == "started"
