@@ -12,11 +12,12 @@
 The API mirrors ``e2b_code_interpreter``; see README.md.
 """
 
-from sandlot._async import AsyncSandbox
+from sandlot._async import AsyncCommandHandle, AsyncSandbox
 from sandlot._exceptions import (
     AuthenticationError,
     BackendError,
     BackendUnavailable,
+    CommandExitError,
     ContextNotFoundError,
     FileOperationError,
     InvalidArgumentError,
@@ -25,6 +26,8 @@ from sandlot._exceptions import (
     NotFoundError,
     PathNotAllowedError,
     PolicyError,
+    ProcessLimitError,
+    ProcessNotFoundError,
     ProtocolError,
     QuotaExceeded,
     SandboxClosed,
@@ -46,10 +49,13 @@ from sandlot._models import (
     Logs,
     NetworkEvent,
     OutputMessage,
+    ProcessInfo,
+    PtySize,
     ResourceUsage,
     Result,
     WriteInfo,
 )
+from sandlot._process import CommandHandle
 from sandlot._sandbox import Sandbox
 from sandlot.policy import NetworkPolicy, Resources
 from sandlot.pool import Pool, PoolStats
@@ -58,10 +64,13 @@ from sandlot.precheck import PrecheckReport
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncCommandHandle",
     "AsyncSandbox",
     "AuthenticationError",
     "BackendError",
     "BackendUnavailable",
+    "CommandExitError",
+    "CommandHandle",
     "CommandResult",
     "Context",
     "ContextNotFoundError",
@@ -84,7 +93,11 @@ __all__ = [
     "Pool",
     "PoolStats",
     "PrecheckReport",
+    "ProcessInfo",
+    "ProcessLimitError",
+    "ProcessNotFoundError",
     "ProtocolError",
+    "PtySize",
     "QuotaExceeded",
     "ResourceUsage",
     "Resources",

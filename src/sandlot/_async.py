@@ -23,11 +23,14 @@ from sandlot._models import (
     Execution,
     ExecutionError,
     OutputMessage,
+    ProcessInfo,
+    PtySize,
     Result,
     WriteInfo,
 )
 from sandlot._precheck_gate import PrecheckHook, PrecheckMode
-from sandlot._sandbox import Commands, Filesystem, Sandbox
+from sandlot._process import CommandHandle
+from sandlot._sandbox import Commands, Filesystem, Pty, Sandbox
 from sandlot.policy import NetworkPolicy, Resources
 from sandlot.validate import DEFAULT_COMMAND_TIMEOUT, DEFAULT_SANDBOX_TIMEOUT
 
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
     from sandlot.pool import Pool
     from sandlot.precheck import PrecheckReport
 
-__all__ = ["AsyncCommands", "AsyncFilesystem", "AsyncSandbox"]
+__all__ = ["AsyncCommandHandle", "AsyncCommands", "AsyncFilesystem", "AsyncPty", "AsyncSandbox"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -110,6 +113,68 @@ async def _stream(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
             await asyncio.to_thread(close)
 
 
+class AsyncCommandHandle:
+    """The asyncio twin of :class:`CommandHandle`: same members, awaited; ``async for``
+    over it yields the same tuples. Callbacks may be plain or coroutine functions."""
+
+    def __init__(self, sync: CommandHandle) -> None:
+        self._sync = sync
+
+    @property
+    def pid(self) -> int:
+        return self._sync.pid
+
+    @property
+    def stdout(self) -> str:
+        return self._sync.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self._sync.stderr
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._sync.exit_code
+
+    @property
+    def error(self) -> str | None:
+        return self._sync.error
+
+    async def __aiter__(self) -> AsyncIterator[tuple[str | None, str | None, bytes | None]]:
+        import asyncio
+
+        done = object()
+        iterator = iter(self._sync)
+        while (item := await asyncio.to_thread(next, iterator, done)) is not done:
+            yield item  # type: ignore[misc]  # not the sentinel: a tuple
+
+    async def wait(
+        self,
+        on_pty: Callable[[bytes], Any] | None = None,
+        on_stdout: Callable[[str], Any] | None = None,
+        on_stderr: Callable[[str], Any] | None = None,
+    ) -> CommandResult:
+        loop = _running_loop()
+        return await _in_thread(
+            self._sync.wait,
+            _on_loop(loop, on_pty),
+            _on_loop(loop, on_stdout),
+            _on_loop(loop, on_stderr),
+        )
+
+    async def kill(self) -> bool:
+        return await _in_thread(self._sync.kill)
+
+    async def disconnect(self) -> None:
+        await _in_thread(self._sync.disconnect)
+
+    async def send_stdin(self, data: str | bytes) -> None:
+        await _in_thread(self._sync.send_stdin, data)
+
+    async def close_stdin(self) -> None:
+        await _in_thread(self._sync.close_stdin)
+
+
 class AsyncFilesystem:
     """``sandbox.files`` of an :class:`AsyncSandbox` (see :class:`sandlot.Filesystem`)."""
 
@@ -157,10 +222,38 @@ class AsyncFilesystem:
 
 
 class AsyncCommands:
-    """``sandbox.commands`` of an :class:`AsyncSandbox` (see :class:`sandlot.Commands`)."""
+    """``sandbox.commands`` of an :class:`AsyncSandbox` (see :class:`sandlot.Commands`);
+    background commands come back as :class:`sandlot.AsyncCommandHandle`."""
 
     def __init__(self, sync: Commands) -> None:
         self._sync = sync
+
+    @overload
+    async def run(
+        self,
+        cmd: str,
+        cwd: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+        *,
+        background: Literal[False] = False,
+        stdin: bool = False,
+    ) -> CommandResult: ...
+    @overload
+    async def run(
+        self,
+        cmd: str,
+        cwd: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+        *,
+        background: Literal[True],
+        stdin: bool = False,
+    ) -> AsyncCommandHandle: ...
 
     async def run(
         self,
@@ -170,17 +263,69 @@ class AsyncCommands:
         timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
         on_stdout: Callable[[OutputMessage], Any] | None = None,
         on_stderr: Callable[[OutputMessage], Any] | None = None,
-    ) -> CommandResult:
+        *,
+        background: bool = False,
+        stdin: bool = False,
+    ) -> CommandResult | AsyncCommandHandle:
         loop = _running_loop()
-        return await _in_thread(
-            self._sync.run,
+        run: Callable[..., CommandResult | CommandHandle] = self._sync.run
+        result = await _in_thread(
+            run,
             cmd,
             cwd,
             envs,
             timeout,
             _on_loop(loop, on_stdout),
             _on_loop(loop, on_stderr),
+            background=background,
+            stdin=stdin,
         )
+        if isinstance(result, CommandHandle):
+            return AsyncCommandHandle(result)
+        return result
+
+    async def list(self) -> list[ProcessInfo]:
+        return await _in_thread(self._sync.list)
+
+    async def kill(self, pid: int) -> bool:
+        return await _in_thread(self._sync.kill, pid)
+
+    async def connect(self, pid: int) -> AsyncCommandHandle:
+        return AsyncCommandHandle(await _in_thread(self._sync.connect, pid))
+
+    async def send_stdin(self, pid: int, data: str | bytes) -> None:
+        await _in_thread(self._sync.send_stdin, pid, data)
+
+    async def close_stdin(self, pid: int) -> None:
+        await _in_thread(self._sync.close_stdin, pid)
+
+
+class AsyncPty:
+    """``sandbox.pty`` of an :class:`AsyncSandbox` (see :class:`sandlot.Pty`)."""
+
+    def __init__(self, sync: Pty) -> None:
+        self._sync = sync
+
+    async def create(
+        self,
+        size: PtySize,
+        cwd: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
+    ) -> AsyncCommandHandle:
+        return AsyncCommandHandle(await _in_thread(self._sync.create, size, cwd, envs, timeout))
+
+    async def connect(self, pid: int) -> AsyncCommandHandle:
+        return AsyncCommandHandle(await _in_thread(self._sync.connect, pid))
+
+    async def send_stdin(self, pid: int, data: bytes) -> None:
+        await _in_thread(self._sync.send_stdin, pid, data)
+
+    async def resize(self, pid: int, size: PtySize) -> None:
+        await _in_thread(self._sync.resize, pid, size)
+
+    async def kill(self, pid: int) -> bool:
+        return await _in_thread(self._sync.kill, pid)
 
 
 class AsyncSandbox:
@@ -200,6 +345,7 @@ class AsyncSandbox:
         self._sync = sync
         self.files = AsyncFilesystem(sync.files)
         self.commands = AsyncCommands(sync.commands)
+        self.pty = AsyncPty(sync.pty)
 
     @classmethod
     async def create(

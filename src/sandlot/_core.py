@@ -24,7 +24,16 @@ from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
 
 if TYPE_CHECKING:
     from sandlot._fold import Callbacks
-    from sandlot._models import CommandResult, Context, EntryInfo, Execution, WriteInfo
+    from sandlot._models import (
+        CommandResult,
+        Context,
+        EntryInfo,
+        Execution,
+        ProcessInfo,
+        PtySize,
+        WriteInfo,
+    )
+    from sandlot._process import ProcessStream
     from sandlot.backends import Backend, SandboxHandle
     from sandlot.pool import Pool
 
@@ -119,6 +128,38 @@ class Core(Protocol):
         timeout: float,
         callbacks: Callbacks,
     ) -> CommandResult: ...
+
+    def start_process(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None,
+        envs: dict[str, str],
+        timeout: float | None,
+        stdin: bool,
+        pty: PtySize | None = None,
+    ) -> ProcessStream:
+        """Start a background process (``pty``: a terminal running bash instead of
+        ``cmd``) and stream it from its first byte. ``timeout``: seconds until the
+        sandbox kills it, None for no limit. Raises ProcessLimitError at the cap."""
+        ...
+
+    def connect_process(self, pid: int) -> ProcessStream:
+        """Stream a running process: what its bounded output ring still holds, then
+        the live output. ProcessNotFoundError if no such process runs."""
+        ...
+
+    def list_processes(self) -> list[ProcessInfo]: ...
+
+    def kill_process(self, pid: int) -> bool:
+        """Kill its process group and descendants; False if no such process runs."""
+        ...
+
+    def send_stdin(self, pid: int, data: bytes) -> None: ...
+
+    def close_stdin(self, pid: int) -> None: ...
+
+    def resize_pty(self, pid: int, size: PtySize) -> None: ...
 
     def read_chunks(self, path: str) -> Iterator[bytes]:
         """The file's bytes in chunks; the first chunk is fetched lazily, so callers

@@ -20,6 +20,9 @@
     │   └── PathNotAllowedError     outside the workspace (/home/user, /tmp), or reaching
     │                               out of it through a symlink; nothing was read or written
     ├── ContextNotFoundError        no such code context                               [exit 1]
+    ├── CommandExitError            a background command's ``wait()`` saw a non-zero exit [exit 1]
+    ├── ProcessNotFoundError        no running process with that pid in the sandbox    [exit 1]
+    ├── ProcessLimitError           the sandbox runs its limit of background processes [exit 1]
     ├── ModelError                  a model provider's API failed (agent, ``sandlot chat``) [exit 6]
     ├── ServerError                 a sandlot server refused or failed a request      [exit 7]
     │   ├── AuthenticationError     missing, wrong or revoked API key (HTTP 401)
@@ -105,6 +108,34 @@ class PathNotAllowedError(FileOperationError, PermissionError):
 class ContextNotFoundError(SandlotError, KeyError):
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "context not found"
+
+
+class CommandExitError(SandlotError):
+    """A command waited on through its handle (``CommandHandle.wait()``) exited with a
+    non-zero code. Carries the whole result, as ``CommandResult`` does; E2B's
+    ``CommandExitException`` has the same fields."""
+
+    def __init__(self, stdout: str, stderr: str, exit_code: int, error: str | None) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        # E2B's name for the command's status. It shadows the CLI's exit status for this
+        # class on purpose: the CLI then exits with the command's own code.
+        self.exit_code = exit_code  # type: ignore[misc]
+        self.error = error
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return f"Command exited with code {self.exit_code} and error:\n{self.stderr}"
+
+
+class ProcessNotFoundError(SandlotError, LookupError):
+    """No running background process or terminal has this pid in the sandbox (it
+    exited, was killed, or never existed)."""
+
+
+class ProcessLimitError(SandlotError):
+    """The sandbox already runs as many background processes and terminals as its
+    ``resources.background_processes`` allows; kill one first."""
 
 
 class ModelError(SandlotError):

@@ -26,6 +26,8 @@ from sandlot._exceptions import (
     InvalidArgumentError,
     NotFoundError,
     PathNotAllowedError,
+    ProcessLimitError,
+    ProcessNotFoundError,
     SandboxClosed,
     SandboxLost,
     SandlotError,
@@ -37,18 +39,26 @@ from sandlot._models import (
     EntryInfo,
     Execution,
     ExecutionError,
+    ProcessInfo,
+    PtySize,
     ResourceUsage,
     WriteInfo,
     context_from_wire,
     entries_from_wire,
     entry_from_wire,
+    process_from_wire,
 )
+from sandlot._process import ProcessEvent
 from sandlot.backends import EventStream, SandboxHandle, get_backend
 from sandlot.policy import MiB, SandboxSpec
 from sandlot.pool import Pool, default_pool
+from sandlot.protocol import CHUNK_BYTES
 
 OOM_POLL = 0.2
 """Seconds between checks of the sandbox's out-of-memory counter while a cell runs."""
+OUTPUT_SLACK = 4096
+"""Bytes a background process's output may exceed ``output_bytes`` by, host side (the
+runner's truncation marker), before the host drops the rest itself."""
 NETWORK_SETTLE = 1.0
 """Seconds a finished cell waits for its egress connections to be closed, so that
 their records (with byte counts) land on its Execution rather than the next one."""
@@ -60,6 +70,9 @@ _ERRORS: dict[str, type[SandlotError]] = {
     "ContextNotFoundError": ContextNotFoundError,
     "InvalidArgumentError": InvalidArgumentError,
     "PathNotAllowedError": PathNotAllowedError,
+    "ProcessNotFoundError": ProcessNotFoundError,
+    "ProcessLimitError": ProcessLimitError,
+    "CommandError": SandlotError,
 }
 
 
@@ -324,6 +337,69 @@ class LocalCore:
             stream.close()
         return builder.result()
 
+    # --- background processes -----------------------------------------------------------
+    def start_process(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None,
+        envs: dict[str, str],
+        timeout: float | None,
+        stdin: bool,
+        pty: PtySize | None = None,
+    ) -> LocalProcessStream:
+        message: dict[str, Any] = {
+            "type": "process_start",
+            "cmd": cmd,
+            "cwd": cwd or "",
+            "envs": envs,
+            "timeout": timeout or 0,  # 0: no limit
+            "stdin": stdin,
+        }
+        if pty is not None:
+            message["pty"] = {"rows": pty.rows, "cols": pty.cols}
+        return self._open_process(message)
+
+    def connect_process(self, pid: int) -> LocalProcessStream:
+        return self._open_process({"type": "process_connect", "pid": pid})
+
+    def _open_process(self, message: dict[str, Any]) -> LocalProcessStream:
+        rid = self._next_id()
+        stream = self._ensure().request({**message, "id": rid})
+        try:
+            event = stream.next(REQUEST_TIMEOUT)
+        except BaseException:
+            stream.close()
+            raise
+        if event is None:
+            stream.close()
+            self._discard_handle()
+            raise SandboxLost(f"the sandbox did not answer {message['type']}")
+        if event["type"] != "started":
+            stream.close()
+            error = event.get("error") or {}
+            cls = _ERRORS.get(str(error.get("name")), SandlotError)
+            raise cls(str(error.get("message", f"{message['type']} failed")))
+        return LocalProcessStream(self, stream, rid, int(event["pid"]))
+
+    def list_processes(self) -> list[ProcessInfo]:
+        items = self.call({"type": "process_list"})
+        return [process_from_wire(item) for item in items]
+
+    def kill_process(self, pid: int) -> bool:
+        return bool(self.call({"type": "process_kill", "pid": pid}))
+
+    def send_stdin(self, pid: int, data: bytes) -> None:
+        for start in range(0, max(len(data), 1), CHUNK_BYTES):
+            chunk = base64.b64encode(data[start : start + CHUNK_BYTES]).decode("ascii")
+            self.call({"type": "process_stdin", "pid": pid, "data": chunk})
+
+    def close_stdin(self, pid: int) -> None:
+        self.call({"type": "process_close_stdin", "pid": pid})
+
+    def resize_pty(self, pid: int, size: PtySize) -> None:
+        self.call({"type": "pty_resize", "pid": pid, "rows": size.rows, "cols": size.cols})
+
     # --- files ------------------------------------------------------------------------
     def read_chunks(self, path: str) -> Iterator[bytes]:
         stream = self._stream({"type": "fs_read", "path": path})
@@ -384,6 +460,89 @@ class LocalCore:
 
     def rename(self, old_path: str, new_path: str) -> EntryInfo:
         return entry_from_wire(self.call({"type": "fs_rename", "src": old_path, "dst": new_path}))
+
+
+class LocalProcessStream:
+    """The events of one background process, from the runner (a ``ProcessStream``)."""
+
+    POLL = 0.25
+    """Seconds between checks for :meth:`close` while no event arrives."""
+
+    def __init__(self, core: LocalCore, stream: EventStream, rid: str, pid: int) -> None:
+        self._core = core
+        self._stream = stream
+        self._rid = rid
+        self._pid = pid
+        self._closed = threading.Event()
+        self._ended = False
+        limit = core.spec.resources.output_bytes
+        # The runner caps output at output_bytes; the host never trusts that count.
+        self._room = None if limit is None else limit + OUTPUT_SLACK
+        self._cut = False
+
+    def _within(self, size: int) -> bool:
+        if self._room is None:
+            return True
+        self._room -= size
+        if self._room >= 0:
+            return True
+        self._cut = True
+        return False
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def events(self) -> Iterator[ProcessEvent]:
+        try:
+            while not self._closed.is_set():
+                event = self._stream.next(self.POLL)
+                if event is None:
+                    continue
+                kind = event["type"]
+                if kind in ("stdout", "stderr"):
+                    text = event["text"]
+                    if self._within(len(text)):
+                        yield ProcessEvent(**{kind: text})
+                elif kind == "data":
+                    data = base64.b64decode(event["data"])
+                    if self._within(len(data)):
+                        yield ProcessEvent(pty=data)
+                elif kind == "exit":
+                    self._ended = True
+                    end = _end_event(event)
+                    if self._cut and end.error is None:
+                        end = dataclasses.replace(end, error="output truncated")
+                    yield end
+                    return
+                elif kind == "reply":  # not sent after "started"; a broken runner
+                    self._ended = True
+                    raise SandboxLost(f"process {self._pid}: the stream ended without an exit")
+        finally:
+            if self._closed.is_set() or self._ended:
+                self._stream.close()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if not self._ended:
+            # Tell the runner to stop streaming to us; the process runs on.
+            with contextlib.suppress(SandlotError):
+                self._core.call({"type": "process_detach", "target": self._rid}, timeout=5)
+        self._stream.close()
+
+
+def _end_event(event: dict[str, Any]) -> ProcessEvent:
+    code = event.get("exit_code")
+    exit_code = code if isinstance(code, int) and not isinstance(code, bool) else -1
+    status = event["status"]
+    error: str | None = None
+    if status not in ("ok", "error"):
+        error = str(status)
+    elif event.get("truncated") is True:
+        error = "output truncated"
+    return ProcessEvent(end=True, exit_code=exit_code, error=error)
 
 
 def _oom_since(before: ResourceUsage | None, now: ResourceUsage | None) -> bool:

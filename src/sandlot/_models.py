@@ -291,6 +291,32 @@ class CommandResult:
     """Why the command did not finish normally (timeout, output limit), else None."""
 
 
+@dataclass(slots=True, frozen=True)
+class ProcessInfo:
+    """A background command or terminal running in the sandbox (``commands.list()``)."""
+
+    pid: int
+    """Its pid inside the sandbox (what ``commands.kill/connect/send_stdin`` take)."""
+    tag: str | None
+    """A label given at start, else None."""
+    cmd: str
+    """The program: ``/bin/sh`` for a command (``/bin/bash`` for a terminal)."""
+    args: list[str]
+    """Its arguments: ``["-c", <the command line>]`` for a command."""
+    envs: dict[str, str]
+    """The environment variables given at start (not the sandbox's own)."""
+    cwd: str | None
+    """Its working directory."""
+
+
+@dataclass(slots=True, frozen=True)
+class PtySize:
+    """A terminal's size in characters."""
+
+    rows: int
+    cols: int
+
+
 class FileType(StrEnum):
     FILE = "file"
     DIR = "dir"
@@ -360,3 +386,17 @@ class ExecutionFailed(SandlotError):
         detail = f"{error.name}: {error.value}" if error else execution.status
         super().__init__(f"cell failed ({execution.status}): {detail}")
         self.execution = execution
+
+
+def process_from_wire(item: dict[str, Any]) -> ProcessInfo:
+    """A ``process_list`` entry (runner or server JSON) as a ProcessInfo."""
+    tag = item.get("tag")
+    cwd = item.get("cwd")
+    return ProcessInfo(
+        pid=int(item["pid"]),
+        tag=str(tag) if tag is not None else None,
+        cmd=str(item.get("cmd", "")),
+        args=[str(a) for a in item.get("args") or []],
+        envs={str(k): str(v) for k, v in (item.get("envs") or {}).items()},
+        cwd=str(cwd) if cwd is not None else None,
+    )

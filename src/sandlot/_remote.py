@@ -11,8 +11,11 @@ sent, exactly as in local mode.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
+import socket
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
@@ -32,19 +35,26 @@ from sandlot._models import (
     FileType,
     NetworkEvent,
     OutputMessage,
+    ProcessInfo,
+    PtySize,
     ResourceUsage,
     Result,
     WriteInfo,
     context_from_wire,
     entries_from_wire,
     entry_from_wire,
+    process_from_wire,
 )
+from sandlot._process import ProcessEvent
 from sandlot.backends import Backend, SandboxHandle
 from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
 
 STREAM_SLACK = 30.0
 """Seconds the client waits past a cell's own timeout (plus the host backstop) for the
 server's answer before it gives up on the connection."""
+
+STDIN_PIECE = 512 * 1024
+"""Bytes of stdin per request (base64 makes them 4/3 as many on the wire)."""
 
 _RESULT_FIELDS = {f.name for f in fields(Result)}
 
@@ -405,6 +415,74 @@ class RemoteCore:
             error = "sandbox lost: the server ended the stream early"
         return CommandResult("".join(out["stdout"]), "".join(out["stderr"]), -1, error)
 
+    # --- background processes -----------------------------------------------------------
+    def start_process(
+        self,
+        cmd: str,
+        *,
+        cwd: str | None,
+        envs: dict[str, str],
+        timeout: float | None,
+        stdin: bool,
+        pty: PtySize | None = None,
+    ) -> RemoteProcessStream:
+        body: dict[str, Any] = {
+            "cmd": cmd,
+            "cwd": cwd,
+            "envs": envs,
+            "timeout": timeout or 0,
+            "stdin": stdin,
+        }
+        if pty is not None:
+            body["pty"] = {"rows": pty.rows, "cols": pty.cols}
+        return self._open_process("POST", self._path("/processes"), json=body)
+
+    def connect_process(self, pid: int) -> RemoteProcessStream:
+        return self._open_process("GET", self._path(f"/processes/{pid}"))
+
+    def _open_process(self, method: str, url: str, **kwargs: Any) -> RemoteProcessStream:
+        # No read timeout: a background process may be silent for as long as it runs.
+        request = self._client.build_request(
+            method, url, timeout=httpx.Timeout(None, connect=10.0), **kwargs
+        )
+        try:
+            response = self._client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise errors.ServerError(f"cannot reach the sandlot server: {exc}") from exc
+        try:
+            _raise_for(response)
+            lines = response.iter_lines()
+            first = json.loads(next(line for line in lines if line))
+            if first.get("type") == "end" and "exception" in first:
+                failure = first["exception"]
+                raise _error(str(failure.get("type")), str(failure.get("message")))
+            if first.get("type") != "started":
+                raise errors.ServerError(f"the server answered {first.get('type')!r}, not started")
+        except BaseException:
+            response.close()
+            raise
+        return RemoteProcessStream(response, lines, int(first["pid"]))
+
+    def list_processes(self) -> list[ProcessInfo]:
+        items = self._request("GET", self._path("/processes")).json()
+        return [process_from_wire(item) for item in items]
+
+    def kill_process(self, pid: int) -> bool:
+        return bool(self._request("DELETE", self._path(f"/processes/{pid}")).json()["killed"])
+
+    def send_stdin(self, pid: int, data: bytes) -> None:
+        # In pieces well within the server's request body limit.
+        for start in range(0, max(len(data), 1), STDIN_PIECE):
+            piece = base64.b64encode(data[start : start + STDIN_PIECE]).decode("ascii")
+            self._request("POST", self._path(f"/processes/{pid}/stdin"), json={"data": piece})
+
+    def close_stdin(self, pid: int) -> None:
+        self._request("POST", self._path(f"/processes/{pid}/close-stdin"))
+
+    def resize_pty(self, pid: int, size: PtySize) -> None:
+        body = {"rows": size.rows, "cols": size.cols}
+        self._request("POST", self._path(f"/processes/{pid}/resize"), json=body)
+
     # --- files ------------------------------------------------------------------------
     def read_chunks(self, path: str) -> Iterator[bytes]:
         try:
@@ -455,6 +533,66 @@ class RemoteCore:
     def rename(self, old_path: str, new_path: str) -> EntryInfo:
         body = {"old_path": old_path, "new_path": new_path}
         return entry_from_wire(self._request("POST", self._path("/files/rename"), json=body).json())
+
+
+class RemoteProcessStream:
+    """A background process's events from the server's NDJSON stream (a ``ProcessStream``)."""
+
+    def __init__(self, response: httpx.Response, lines: Iterator[str], pid: int) -> None:
+        self._response = response
+        self._lines = lines
+        self._pid = pid
+        self._closed = False
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def events(self) -> Iterator[ProcessEvent]:
+        try:
+            for line in self._lines:
+                if not line:
+                    continue
+                message = json.loads(line)
+                kind = message.get("type")
+                if kind == "stdout":
+                    yield ProcessEvent(stdout=str(message["text"]))
+                elif kind == "stderr":
+                    yield ProcessEvent(stderr=str(message["text"]))
+                elif kind == "pty":
+                    yield ProcessEvent(pty=base64.b64decode(message["data"]))
+                elif kind == "end":
+                    if "exception" in message:
+                        failure = message["exception"]
+                        raise _error(str(failure.get("type")), str(failure.get("message")))
+                    error = message.get("error")
+                    yield ProcessEvent(
+                        end=True,
+                        exit_code=int(message["exit_code"]),
+                        error=None if error is None else str(error),
+                    )
+                    return
+                elif kind == "error":  # the server cut a client that read too slowly
+                    raise errors.ServerError(str(message.get("value")))
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            if not self._closed:
+                raise errors.SandboxLost(f"the connection to the server was lost: {exc}") from exc
+        finally:
+            with contextlib.suppress(httpx.HTTPError, httpx.StreamError, OSError):
+                self._response.close()
+
+    def close(self) -> None:
+        """Disconnect: the server then detaches; the process runs on. Another thread may
+        be blocked reading this response, which closing it would not wake: the socket is
+        shut down under it, so that read ends now, not at the process's next output."""
+        self._closed = True
+        network = self._response.extensions.get("network_stream")
+        sock = network.get_extra_info("socket") if network is not None else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(httpx.HTTPError, httpx.StreamError, OSError):
+            self._response.close()
 
 
 def _network_body(policy: NetworkPolicy) -> dict[str, Any]:

@@ -23,10 +23,13 @@ from sandlot._models import (
     Execution,
     ExecutionError,
     OutputMessage,
+    ProcessInfo,
+    PtySize,
     Result,
     WriteInfo,
 )
 from sandlot._precheck_gate import PrecheckHook, PrecheckMode, PrecheckPolicy
+from sandlot._process import CommandHandle, input_bytes
 from sandlot.policy import NetworkPolicy, Resources
 from sandlot.validate import (
     DEFAULT_COMMAND_TIMEOUT,
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
     from sandlot.backends import Backend, SandboxHandle
     from sandlot.pool import Pool
 
-__all__ = ["Commands", "Filesystem", "Sandbox", "open_core", "sandbox_options"]
+__all__ = ["Commands", "Filesystem", "Pty", "Sandbox", "open_core", "sandbox_options"]
 
 
 def sandbox_options(
@@ -180,10 +183,38 @@ class Filesystem:
 
 
 class Commands:
-    """``sandbox.commands``: run shell commands inside the sandbox."""
+    """``sandbox.commands``: run shell commands inside the sandbox, in the foreground
+    or in the background (E2B's ``commands``)."""
 
     def __init__(self, core: Core) -> None:
         self._core = core
+
+    @overload
+    def run(
+        self,
+        cmd: str,
+        cwd: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+        *,
+        background: Literal[False] = False,
+        stdin: bool = False,
+    ) -> CommandResult: ...
+    @overload
+    def run(
+        self,
+        cmd: str,
+        cwd: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Callable[[OutputMessage], Any] | None = None,
+        on_stderr: Callable[[OutputMessage], Any] | None = None,
+        *,
+        background: Literal[True],
+        stdin: bool = False,
+    ) -> CommandHandle: ...
 
     def run(
         self,
@@ -193,15 +224,144 @@ class Commands:
         timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
         on_stdout: Callable[[OutputMessage], Any] | None = None,
         on_stderr: Callable[[OutputMessage], Any] | None = None,
-    ) -> CommandResult:
-        """Run ``cmd`` with ``/bin/sh -c``; a non-zero exit is data, not an exception."""
-        return self._core.run_command(
-            check_cmd(cmd),
+        *,
+        background: bool = False,
+        stdin: bool = False,
+    ) -> CommandResult | CommandHandle:
+        """Run ``cmd`` with ``/bin/sh -c``.
+
+        In the foreground (default): wait and return a :class:`CommandResult`; a
+        non-zero exit is data, not an exception. ``timeout``: seconds, then the command
+        is killed.
+
+        ``background=True``: return a :class:`CommandHandle` at once; the process
+        outlives this call (and later ``run_code`` calls) until it exits, is killed, or
+        the sandbox ends. ``timeout``: seconds until the sandbox kills it; ``0`` or
+        None for no limit. ``stdin=True`` keeps its stdin open for
+        :meth:`send_stdin`. ``on_stdout`` / ``on_stderr`` are for the foreground; pass
+        them to ``handle.wait()`` instead. At most ``resources.background_processes``
+        run at once (ProcessLimitError beyond); output is capped at
+        ``resources.output_bytes`` per process, as for a cell.
+        """
+        cmd = check_cmd(cmd)
+        checked_cwd = check_path(cwd) if cwd else None
+        checked_envs = check_envs(envs)
+        if not background:
+            if stdin:
+                raise InvalidArgumentError("stdin=True needs background=True")
+            return self._core.run_command(
+                cmd,
+                cwd=checked_cwd,
+                envs=checked_envs,
+                timeout=DEFAULT_COMMAND_TIMEOUT if timeout is None else seconds(timeout),
+                callbacks=Callbacks(on_stdout=on_stdout, on_stderr=on_stderr),
+            )
+        if on_stdout is not None or on_stderr is not None:
+            raise InvalidArgumentError(
+                "on_stdout/on_stderr are for foreground commands; pass them to "
+                "handle.wait() for a background one"
+            )
+        stream = self._core.start_process(
+            cmd,
+            cwd=checked_cwd,
+            envs=checked_envs,
+            timeout=_lifetime(timeout),
+            stdin=bool(stdin),
+        )
+        return CommandHandle(stream, self._core)
+
+    def list(self) -> list[ProcessInfo]:
+        """The background commands and terminals running in the sandbox."""
+        return self._core.list_processes()
+
+    def kill(self, pid: int) -> bool:
+        """Kill a background command: its process group and every descendant
+        (SIGKILL). True if it was running, False if no such process runs."""
+        return self._core.kill_process(_pid(pid))
+
+    def connect(self, pid: int) -> CommandHandle:
+        """Reattach to a running background command (or terminal).
+
+        The new handle first replays the output the sandbox still keeps for it (a
+        bounded ring of its most recent output, 1 MiB; older output is gone), then
+        streams the live output. ProcessNotFoundError if no such process runs.
+        """
+        return CommandHandle(self._core.connect_process(_pid(pid)), self._core)
+
+    def send_stdin(self, pid: int, data: str | bytes) -> None:
+        """Write to the stdin of a background command started with ``stdin=True``."""
+        self._core.send_stdin(_pid(pid), input_bytes(data))
+
+    def close_stdin(self, pid: int) -> None:
+        """Close the stdin of a background command (it reads EOF)."""
+        self._core.close_stdin(_pid(pid))
+
+
+class Pty:
+    """``sandbox.pty``: interactive terminals (bash on a pseudo-terminal) in the sandbox."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+
+    def create(
+        self,
+        size: PtySize,
+        cwd: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_COMMAND_TIMEOUT,
+    ) -> CommandHandle:
+        """Start ``bash -i -l`` on a terminal of ``size``; its output arrives as bytes
+        (the handle's ``pty`` items, ``wait(on_pty=...)``). ``timeout``: seconds until
+        it is killed, ``0`` or None for no limit. Counts as a background process."""
+        if not isinstance(size, PtySize):
+            raise InvalidArgumentError(f"size must be a sandlot.PtySize, not {size!r}")
+        stream = self._core.start_process(
+            "",
             cwd=check_path(cwd) if cwd else None,
             envs=check_envs(envs),
-            timeout=DEFAULT_COMMAND_TIMEOUT if timeout is None else seconds(timeout),
-            callbacks=Callbacks(on_stdout=on_stdout, on_stderr=on_stderr),
+            timeout=_lifetime(timeout),
+            stdin=True,
+            pty=_size(size),
         )
+        return CommandHandle(stream, self._core)
+
+    def connect(self, pid: int) -> CommandHandle:
+        """Reattach to a terminal (replays what the sandbox still keeps, as
+        :meth:`Commands.connect`)."""
+        return CommandHandle(self._core.connect_process(_pid(pid)), self._core)
+
+    def send_stdin(self, pid: int, data: bytes) -> None:
+        """Type ``data`` into the terminal."""
+        self._core.send_stdin(_pid(pid), input_bytes(data))
+
+    def resize(self, pid: int, size: PtySize) -> None:
+        self._core.resize_pty(_pid(pid), _size(size))
+
+    def kill(self, pid: int) -> bool:
+        """Kill the terminal and everything started in it; False if it is not running."""
+        return self._core.kill_process(_pid(pid))
+
+
+def _pid(pid: object) -> int:
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise InvalidArgumentError(f"pid must be a positive int, not {pid!r}")
+    return pid
+
+
+def _size(size: object) -> PtySize:
+    if not isinstance(size, PtySize) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 4096
+        for n in (size.rows, size.cols)
+    ):
+        raise InvalidArgumentError(f"size must be a PtySize of 1 to 4096 rows and cols: {size!r}")
+    return size
+
+
+def _lifetime(timeout: float | None) -> float | None:
+    """A background process's lifetime limit: None (or 0, E2B's spelling) for none."""
+    if timeout is None or (timeout == 0 and not isinstance(timeout, bool)):
+        return None
+    return seconds(timeout)
 
 
 class Sandbox:
@@ -285,6 +445,7 @@ class Sandbox:
         self._core: Core = open_core(options)
         self.files = Filesystem(self._core)
         self.commands = Commands(self._core)
+        self.pty = Pty(self._core)
 
     @classmethod
     def create(cls, template: str = "python-data", **kwargs: Any) -> Sandbox:

@@ -66,6 +66,11 @@ class Resources:
     before sending (and as a stream grows) and again inside the sandbox; an upload over
     it raises InvalidArgumentError and leaves no partial file."""
 
+    background_processes: int | None = 16
+    """Background commands and terminals (``commands.run(background=True)``, ``pty``)
+    alive at once in the sandbox; the next start raises ProcessLimitError. Default 16.
+    They count against ``pids`` too."""
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)

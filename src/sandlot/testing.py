@@ -69,7 +69,15 @@ from sandlot.protocol import (
     encode,
 )
 
-__all__ = ["Die", "FakeBackend", "FakeHandle", "FakeStream", "Handler", "echo_handler"]
+__all__ = [
+    "ECHO_PID",
+    "Die",
+    "FakeBackend",
+    "FakeHandle",
+    "FakeStream",
+    "Handler",
+    "echo_handler",
+]
 
 Handler = Callable[[dict[str, Any]], Iterable[Mapping[str, Any]]]
 """``handler(request) -> events``: a generator function or one returning a list."""
@@ -252,14 +260,43 @@ class FakeBackend(Backend):
         return [request for handle in handles for request in handle.requests]
 
 
+ECHO_PID = 100
+"""The pid ``echo_handler`` gives every background command it "starts"."""
+
+
 def echo_handler(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """A ready-made handler: cells and commands print their source and succeed.
 
     ``run_code(code)`` prints ``code`` to stdout and returns it as the main result's
-    text; ``commands.run(cmd)`` prints ``cmd`` and exits 0. Every other request
-    fails with a ``FileOperationError`` naming the request type.
+    text; ``commands.run(cmd)`` prints ``cmd`` and exits 0, in the foreground and in the
+    background (pid :data:`ECHO_PID`, ended before anyone can reattach: ``list()`` is
+    empty, ``kill`` answers False, ``connect``/``send_stdin`` raise
+    ``ProcessNotFoundError``). Every other request fails with a
+    ``FileOperationError`` naming the request type.
+
+    A handler of your own fakes background processes with the same events a runner
+    sends: ``{"type": "started", "pid": N}``, output (``stdout``/``stderr``, or
+    ``data`` with base64 for a terminal), then ``{"type": "exit", "status": "ok" |
+    "error" | "timeout", "exit_code": C}``; a refusal is a failed ``reply`` (``error``
+    ``{"name": "ProcessLimitError", ...}``).
     """
     kind = request["type"]
+    if kind == "process_start":
+        yield {"type": "started", "pid": ECHO_PID}
+        yield {"type": "stdout", "text": request["cmd"]}
+        yield {"type": "exit", "status": "ok", "exit_code": 0}
+        return
+    if kind in ("process_list", "process_kill", "process_detach"):
+        yield {"type": "reply", "ok": True, "value": [] if kind == "process_list" else False}
+        return
+    if kind in ("process_connect", "process_stdin", "process_close_stdin", "pty_resize"):
+        message = f"echo_handler: no running process {request['pid']}"
+        yield {
+            "type": "reply",
+            "ok": False,
+            "error": {"name": "ProcessNotFoundError", "message": message},
+        }
+        return
     if kind == "execute":
         yield {"type": "stdout", "text": request["code"]}
         yield {"type": "result", "data": {"text/plain": request["code"]}, "is_main_result": True}

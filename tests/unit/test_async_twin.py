@@ -14,15 +14,23 @@ from typing import Any
 import pytest
 
 from sandlot import AsyncSandbox, Sandbox
-from sandlot._async import AsyncCommands, AsyncFilesystem
-from sandlot._sandbox import Commands, Filesystem
+from sandlot._async import AsyncCommandHandle, AsyncCommands, AsyncFilesystem, AsyncPty
+from sandlot._process import CommandHandle
+from sandlot._sandbox import Commands, Filesystem, Pty
 
-TWINS = [(Sandbox, AsyncSandbox), (Filesystem, AsyncFilesystem), (Commands, AsyncCommands)]
+TWINS = [
+    (Sandbox, AsyncSandbox),
+    (Filesystem, AsyncFilesystem),
+    (Commands, AsyncCommands),
+    (Pty, AsyncPty),
+    (CommandHandle, AsyncCommandHandle),
+]
 
 SYNC_ONLY: dict[tuple[type, str], str] = {
     (Sandbox, "create"): "the async twin's create is the constructor; compared below",
     (Sandbox, "__enter__"): "async twin: __aenter__",
     (Sandbox, "__exit__"): "async twin: __aexit__",
+    (CommandHandle, "__iter__"): "async twin: __aiter__",
 }
 """Public sync members the async twin spells differently, each with its reason."""
 

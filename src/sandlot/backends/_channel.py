@@ -123,7 +123,7 @@ class CellBudget:
         if kind == "execute":
             limit = resources.result_bytes
             return cls(None if limit is None else limit + CELL_SLACK, limit)
-        if kind == "command":
+        if kind in ("command", "process_start", "process_connect"):
             return cls(CELL_SLACK, CELL_SLACK)  # no results: errors and markers only
         return None
 

@@ -32,6 +32,7 @@ def runner_config(
         "output_bytes": r.output_bytes,
         "max_results": r.max_results,
         "result_bytes": r.result_bytes,
+        "max_processes": r.background_processes,
         "kill_grace": 1.0,
         "rlimits": {
             "as": None if r.memory_mb is None else r.memory_mb * MiB,

@@ -24,9 +24,10 @@ from typing import Any, Dict, Mapping, Tuple
 
 from sandlot.protocol import layout as _layout
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Bumped on any incompatible change; the runner announces it in ``ready``.
-2: the ``fatal`` event."""
+2: the ``fatal`` event. 3: background processes and terminals (``process_*``,
+``pty_resize``, the ``started`` event)."""
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """Largest single message the host accepts from a runner (a big PNG fits)."""
@@ -55,6 +56,27 @@ HOST_REQUESTS: Dict[str, Dict[str, Tuple[type, ...]]] = {
     "restart_context": {"context": (str,)},
     "remove_context": {"context": (str,)},
     "command": {"cmd": (str,), "cwd": (str,), "envs": (dict,), "timeout": (int, float)},
+    # A background process (or, with an optional "pty": {"rows", "cols"}, a terminal
+    # running bash) that outlives this request: answered by "started" {pid}, its output
+    # (stdout/stderr; "data" for a terminal), then "exit"; or a failed "reply".
+    # timeout: seconds until it is killed, 0 for none. Optional: "tag" (str).
+    "process_start": {
+        "cmd": (str,),
+        "cwd": (str,),
+        "envs": (dict,),
+        "timeout": (int, float),
+        "stdin": (bool,),
+    },
+    # Subscribe to a running process: "started", the output the runner still keeps
+    # (a bounded ring), the live output, "exit"; or a failed "reply".
+    "process_connect": {"pid": (int,)},
+    # Stop streaming to the subscription of request ``target`` (the process runs on).
+    "process_detach": {"target": (str,)},
+    "process_list": {},
+    "process_kill": {"pid": (int,)},
+    "process_stdin": {"pid": (int,), "data": (str,)},
+    "process_close_stdin": {"pid": (int,)},
+    "pty_resize": {"pid": (int,), "rows": (int,), "cols": (int,)},
     "fs_read": {"path": (str,)},
     "fs_write": {"path": (str,), "data": (str,), "append": (bool,)},
     "fs_list": {"path": (str,), "depth": (int,)},
@@ -73,6 +95,8 @@ RUNNER_MESSAGES: Dict[str, Dict[str, Tuple[type, ...]]] = {
     # as configured; it exits right after. ``reason`` is one of FATAL_REASONS (the host
     # treats any other as a plain start failure); ``message`` says what failed.
     "fatal": {"reason": (str,), "message": (str,)},
+    # First event of process_start / process_connect: the process's pid in the sandbox.
+    "started": {"id": (str,), "pid": (int,)},
     # Streamed output of an execute or command request.
     "stdout": {"id": (str,), "text": (str,)},
     "stderr": {"id": (str,), "text": (str,)},
@@ -83,7 +107,7 @@ RUNNER_MESSAGES: Dict[str, Dict[str, Tuple[type, ...]]] = {
     # Terminal event of execute and command requests.
     #   status: ok | error | timeout | oom | interrupted | died
     "exit": {"id": (str,), "status": (str,)},
-    # A chunk of a file read (base64).
+    # A chunk of a file read, or of a terminal's output (base64).
     "data": {"id": (str,), "data": (str,)},
     # Terminal event of every other request. ok=False carries error={name, message}.
     "reply": {"id": (str,), "ok": (bool,)},

@@ -61,7 +61,10 @@ def apply(limits: Dict[str, Any]) -> None:
 
 
 def exec_main(argv: List[str]) -> int:
-    """``exec --limits JSON -- PROGRAM ARGS...``: apply the limits, then exec."""
+    """``exec --limits JSON [--ctty] -- PROGRAM ARGS...``: apply the limits, then exec.
+
+    ``--ctty``: stdin is a terminal to make this session's controlling terminal (a
+    ``pty``; the process was started in a new session)."""
     import json
 
     split = argv.index("--")
@@ -72,6 +75,15 @@ def exec_main(argv: List[str]) -> int:
     except (OSError, ValueError) as exc:
         sys.stderr.write("sandlot: cannot apply resource limits: %s\n" % exc)
         return 126
+    if "--ctty" in argv[:split]:
+        import fcntl
+        import termios
+
+        try:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        except OSError as exc:
+            sys.stderr.write("sandlot: cannot take the terminal: %s\n" % exc)
+            return 126
     try:
         os.execvp(program[0], program)
     except OSError as exc:

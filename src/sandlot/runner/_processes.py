@@ -125,15 +125,15 @@ class Processes:
         self.spawn_lock = threading.RLock()
         self.known: Set[int] = set()
 
-    def spawn(self, argv: List[str], **kwargs: Any) -> "subprocess.Popen[bytes]":
+    def spawn(
+        self, argv: List[str], stdin: Any = subprocess.DEVNULL, **kwargs: Any
+    ) -> "subprocess.Popen[bytes]":
         # EAGAIN from fork is transient right after a fork bomb was killed: the pids
         # limit still counts its processes until they are reaped. Retry for ~2 s.
         for attempt in range(20):
             try:
                 with self.spawn_lock:
-                    proc = subprocess.Popen(
-                        argv, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs
-                    )
+                    proc = subprocess.Popen(argv, start_new_session=True, stdin=stdin, **kwargs)
                     self.known.add(proc.pid)
                 return proc
             except BlockingIOError:

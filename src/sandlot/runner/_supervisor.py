@@ -51,6 +51,7 @@ from sandlot.protocol import (
 )
 from sandlot.protocol.layout import HOME, LIB_GUEST, TEMPLATE_SHARE
 from sandlot.runner import BOOTSTRAP, _limits
+from sandlot.runner._background import Background
 from sandlot.runner._contexts import KernelProcess, OutputBudget, pump
 from sandlot.runner._files import Files, FilesError
 from sandlot.runner._processes import Processes
@@ -104,6 +105,7 @@ class Supervisor:
         """Fork the next kernel from this process (set once, by a zygote-made sandbox)."""
         self.files = Files(self.workdir)
         self.workers = Workers(self.dispatch)
+        self.background = Background(self)
 
     # --- host channel -----------------------------------------------------------------
     def send(self, message: Dict[str, Any]) -> None:
@@ -173,6 +175,7 @@ class Supervisor:
                 self.fail(rid, "RunnerError", repr(exc))
 
     def shutdown(self) -> None:
+        self.background.kill_all()
         for kernel in list(self.kernels.values()):
             kernel.stop()
         self.processes.kill_strays()
@@ -316,6 +319,31 @@ class Supervisor:
         if budget.truncated:
             message["truncated"] = True
         self.send(message)
+
+    # --- background processes and terminals (_background.py) ---------------------------
+    def on_process_start(self, request: Dict[str, Any]) -> None:
+        self.background.start(request)
+
+    def on_process_connect(self, request: Dict[str, Any]) -> None:
+        self.background.connect(request)
+
+    def on_process_detach(self, request: Dict[str, Any]) -> None:
+        self.background.detach(request)
+
+    def on_process_list(self, request: Dict[str, Any]) -> None:
+        self.background.list(request)
+
+    def on_process_kill(self, request: Dict[str, Any]) -> None:
+        self.background.kill(request)
+
+    def on_process_stdin(self, request: Dict[str, Any]) -> None:
+        self.background.stdin(request)
+
+    def on_process_close_stdin(self, request: Dict[str, Any]) -> None:
+        self.background.close_stdin(request)
+
+    def on_pty_resize(self, request: Dict[str, Any]) -> None:
+        self.background.resize(request)
 
     # --- files ------------------------------------------------------------------------
     # The operations themselves are in _files.py; these handlers only speak the protocol.

@@ -34,6 +34,8 @@ _STATUS: tuple[tuple[type[sandlot.SandlotError], int], ...] = (
     # First match wins: subclasses before their parents.
     (sandlot.NotFoundError, 404),
     (sandlot.ContextNotFoundError, 404),
+    (sandlot.ProcessNotFoundError, 404),
+    (sandlot.ProcessLimitError, 409),
     (sandlot.SandboxClosed, 404),
     (sandlot.InvalidArgumentError, 400),
     (sandlot.PolicyError, 400),

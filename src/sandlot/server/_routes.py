@@ -6,20 +6,24 @@ Routes only translate HTTP to calls on :class:`sandlot.Sandbox` objects held by 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import tempfile
+import threading
 import time
 import typing
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Executor, Future
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import Path as FastPath
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from sandlot import EntryInfo, InvalidArgumentError, SandlotError, stream_only
+from sandlot import EntryInfo, InvalidArgumentError, PtySize, SandlotError, stream_only
 from sandlot.policy import MiB, Resources
 from sandlot.server._cells import CellRunner, exception_message, ndjson
 from sandlot.server._manager import ApiError, ManagedSandbox
@@ -53,6 +57,7 @@ _RESOURCE_BOUNDS: dict[str, float] = {
     "file_size_mb": _TiB_IN_MiB,
     "open_files": 16384,
     "max_results": 10000,
+    "background_processes": 1024,
 }
 """Upper bounds that keep a request within what a host can be asked for (larger values
 are refused with 422 rather than failing the sandbox's start). Byte fields: 1 TiB."""
@@ -590,3 +595,187 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
         work, state.executor, lambda: None, stall_seconds=state.settings.client_stall_timeout
     )
     return StreamingResponse(stream, media_type=NDJSON)
+
+
+# --- background processes -----------------------------------------------------------------
+
+
+class StartProcess(Strict):
+    cmd: str = ""
+    cwd: str | None = None
+    envs: dict[str, str] | None = None
+    timeout: float | None = Field(
+        60.0, ge=0, le=MAX_CELL_TIMEOUT, description="Seconds until it is killed; 0: no limit."
+    )
+    stdin: bool = False
+    pty: PtySizeIn | None = None
+
+
+class PtySizeIn(Strict):
+    rows: int = Field(..., gt=0, le=4096)
+    cols: int = Field(..., gt=0, le=4096)
+
+
+class ProcessInfoOut(BaseModel):
+    pid: int
+    tag: str | None
+    cmd: str
+    args: list[str]
+    envs: dict[str, str]
+    cwd: str | None
+
+
+class StdinIn(Strict):
+    data: str = Field(..., description="Base64 of the bytes to write.", max_length=8 * MiB)
+
+
+StartProcess.model_rebuild()
+
+
+class _OwnThread(Executor):
+    """Runs each process stream on a thread of its own, not in the server's worker
+    pool: a stream lasts as long as its process, and a tenant's many long streams
+    must not take the workers other tenants' cells wait for. Bounded by the runner
+    (streams per process) and by the process and sandbox quotas."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        threading.Thread(target=run, name="sandlot-process-stream", daemon=True).start()
+        return future
+
+
+_STREAM_THREADS = _OwnThread()
+
+
+def _process_stream(state: ServerState, entry: ManagedSandbox, handle: Any) -> StreamingResponse:
+    """Stream a CommandHandle as NDJSON: ``started``, ``stdout``/``stderr``/``pty``
+    (base64), then ``end`` (``exit_code``, ``error``). Disconnecting detaches; the
+    process runs on."""
+
+    def work(push: Any) -> None:
+        state.manager.touch(entry, +1)
+        try:
+            push({"type": "started", "pid": handle.pid})
+            for stdout, stderr, pty in handle:
+                if stdout is not None:
+                    push({"type": "stdout", "text": stdout})
+                elif stderr is not None:
+                    push({"type": "stderr", "text": stderr})
+                elif pty is not None:
+                    push({"type": "pty", "data": base64.b64encode(pty).decode("ascii")})
+            if handle.exit_code is not None:
+                push({"type": "end", "exit_code": handle.exit_code, "error": handle.error})
+        except SandlotError as exc:
+            push({"type": "end", "exception": exception_message(exc)})
+        finally:
+            state.manager.touch(entry, -1)
+            push(None)
+
+    stream = ndjson(
+        work,
+        _STREAM_THREADS,
+        handle.disconnect,
+        stall_seconds=state.settings.client_stall_timeout,
+    )
+    return StreamingResponse(stream, media_type=NDJSON)
+
+
+@router.post(
+    "/v1/sandboxes/{sandbox_id}/processes",
+    tags=["commands"],
+    response_class=StreamingResponse,
+    responses=_NDJSON_DOC,
+)
+async def start_process(request: Request, entry: Owned, body: StartProcess) -> StreamingResponse:
+    """Start a background command (or, with ``pty``, a terminal running bash); its
+    events stream as NDJSON. Closing the stream leaves the process running."""
+    state = state_of(request)
+    if body.pty is None:
+        if not body.cmd.strip():
+            raise InvalidArgumentError("cmd must be a non-empty string")
+        handle = await state.blocking(
+            entry.sandbox.commands.run,
+            body.cmd,
+            body.cwd,
+            body.envs,
+            body.timeout,
+            background=True,
+            stdin=body.stdin,
+        )
+    else:
+        handle = await state.blocking(
+            entry.sandbox.pty.create,
+            PtySize(rows=body.pty.rows, cols=body.pty.cols),
+            body.cwd,
+            body.envs,
+            body.timeout,
+        )
+    return _process_stream(state, entry, handle)
+
+
+@router.get("/v1/sandboxes/{sandbox_id}/processes", tags=["commands"])
+async def list_processes(request: Request, entry: Owned) -> list[ProcessInfoOut]:
+    items = await state_of(request).blocking(entry.sandbox.commands.list)
+    return [ProcessInfoOut(**dataclasses.asdict(item)) for item in items]
+
+
+@router.get(
+    "/v1/sandboxes/{sandbox_id}/processes/{pid}",
+    tags=["commands"],
+    response_class=StreamingResponse,
+    responses=_NDJSON_DOC,
+)
+async def connect_process(
+    request: Request, entry: Owned, pid: Annotated[int, FastPath(gt=0)]
+) -> StreamingResponse:
+    """Reattach: the output the sandbox still keeps (a bounded ring), then live output."""
+    state = state_of(request)
+    handle = await state.blocking(entry.sandbox.commands.connect, pid)
+    return _process_stream(state, entry, handle)
+
+
+@router.delete("/v1/sandboxes/{sandbox_id}/processes/{pid}", tags=["commands"])
+async def kill_process(
+    request: Request, entry: Owned, pid: Annotated[int, FastPath(gt=0)]
+) -> JSONResponse:
+    """Kill the process group and every descendant; ``killed`` false if not running."""
+    killed = await state_of(request).blocking(entry.sandbox.commands.kill, pid)
+    return JSONResponse({"killed": killed})
+
+
+@router.post("/v1/sandboxes/{sandbox_id}/processes/{pid}/stdin", status_code=204, tags=["commands"])
+async def send_process_stdin(
+    request: Request, entry: Owned, pid: Annotated[int, FastPath(gt=0)], body: StdinIn
+) -> None:
+    try:
+        data = base64.b64decode(body.data, validate=True)
+    except ValueError:
+        raise InvalidArgumentError("data must be base64") from None
+    await state_of(request).blocking(entry.sandbox.commands.send_stdin, pid, data)
+
+
+@router.post(
+    "/v1/sandboxes/{sandbox_id}/processes/{pid}/close-stdin", status_code=204, tags=["commands"]
+)
+async def close_process_stdin(
+    request: Request, entry: Owned, pid: Annotated[int, FastPath(gt=0)]
+) -> None:
+    await state_of(request).blocking(entry.sandbox.commands.close_stdin, pid)
+
+
+@router.post(
+    "/v1/sandboxes/{sandbox_id}/processes/{pid}/resize", status_code=204, tags=["commands"]
+)
+async def resize_pty(
+    request: Request, entry: Owned, pid: Annotated[int, FastPath(gt=0)], body: PtySizeIn
+) -> None:
+    size = PtySize(rows=body.rows, cols=body.cols)
+    await state_of(request).blocking(entry.sandbox.pty.resize, pid, size)
