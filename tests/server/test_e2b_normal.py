@@ -294,11 +294,7 @@ def test_not_implemented_calls_raise_the_sdks_errors(wire: Wire) -> None:
         with pytest.raises(SandboxException, match="not implemented by sandlot"):
             sbx.pause()
         with pytest.raises(SandboxException, match="not implemented by sandlot"):
-            sbx.commands.list()
-        handle = sbx.commands.run("sleep 0.1; echo bg", background=True)
-        with pytest.raises(SandboxException, match="not implemented by sandlot"):
-            handle.kill()
-        assert handle.wait().stdout == "bg\n"
+            sbx.files.watch_dir("/home/user", lambda event: None)
         [metrics] = sbx.get_metrics()
         assert metrics.mem_total > 0 and metrics.mem_used > 0
     finally:
@@ -329,3 +325,64 @@ def test_async_clients(wire: Wire) -> None:
             assert await sbx.kill() is True
 
     asyncio.run(main())
+
+
+def test_background_commands_and_terminals_sync(wire: Wire) -> None:
+    """envd's process service: background handles, list, stdin, reattach, kill, pty."""
+    from e2b import CommandExitException, Sandbox
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    sbx = Sandbox.create(**wire.opts())
+    try:
+        cat = sbx.commands.run("cat", background=True, stdin=True)
+        assert cat.pid in [p.pid for p in sbx.commands.list()]
+        sbx.commands.send_stdin(cat.pid, "through stdin\n")
+        sbx.commands.close_stdin(cat.pid)
+        assert cat.wait().stdout == "through stdin\n"
+        assert cat.pid not in [p.pid for p in sbx.commands.list()]
+
+        counter = sbx.commands.run(
+            "for i in 1 2 3; do echo $i; done; echo done > counted; sleep 600", background=True
+        )
+        seen: list[str] = []
+        for stdout, _, _ in counter:
+            seen.append(stdout or "")
+            if "".join(seen).count("\n") == 3:
+                break
+        counter.disconnect()  # the process runs on
+        again = sbx.commands.connect(counter.pid)
+        assert sbx.commands.kill(counter.pid)
+        with pytest.raises(CommandExitException) as killed:
+            again.wait()
+        assert killed.value.stdout == "1\n2\n3\n"  # replayed on reattach
+        assert killed.value.exit_code != 0
+        assert not sbx.commands.kill(counter.pid)  # gone
+        assert sbx.files.read("counted") == "done\n"
+
+        output: list[bytes] = []
+        terminal = sbx.pty.create(PtySize(rows=24, cols=80))
+        sbx.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
+        sbx.pty.send_stdin(terminal.pid, b"echo pty-$((40 + 2)); stty size; exit\n")
+        terminal.wait(on_pty=output.append)
+        text = b"".join(output)
+        assert b"pty-42" in text and b"30 100" in text
+    finally:
+        sbx.kill()
+
+
+def test_background_commands_async(wire: Wire) -> None:
+    from e2b import AsyncSandbox
+
+    async def scenario() -> tuple[str, list[int], bool]:
+        sbx = await AsyncSandbox.create(**wire.opts())
+        try:
+            sleeper = await sbx.commands.run("sleep 600", background=True)
+            listed = [p.pid for p in await sbx.commands.list()]
+            killed = await sbx.commands.kill(sleeper.pid)
+            done = await (await sbx.commands.run("echo bg", background=True)).wait()
+            return done.stdout, listed, killed and sleeper.pid in listed
+        finally:
+            await sbx.kill()
+
+    stdout, listed, killed = asyncio.run(scenario())
+    assert stdout == "bg\n" and listed and killed

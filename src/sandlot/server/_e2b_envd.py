@@ -11,9 +11,8 @@ The sandbox each call acts on was resolved and leased by
 
 from __future__ import annotations
 
-import asyncio
 import datetime
-import itertools
+import functools
 import posixpath
 import shlex
 from collections.abc import AsyncIterator, Callable
@@ -28,17 +27,9 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 from starlette.types import ASGIApp
 
 import sandlot
-from sandlot import EntryInfo, FileType, SandlotError, stream_only
+from sandlot import EntryInfo, FileType
 from sandlot.server._e2b_plane import CONNECT_SERVICES, Target, current
 from sandlot.server._manager import ApiError
-
-_PIDS = itertools.count(1000)
-
-
-def next_pid() -> int:
-    """A number for a started process: sandlot's foreground commands have no pid the
-    client could use yet (background processes land with sandlot's process API)."""
-    return next(_PIDS)
 
 
 def entry_fields(info: EntryInfo) -> dict[str, Any]:
@@ -63,53 +54,11 @@ async def run_blocking(target: Target, function: Callable[..., Any], *args: Any)
     return await target.state.blocking(function, *args)
 
 
-async def stream_command(
-    target: Target,
-    cmd: str,
-    cwd: str | None,
-    envs: dict[str, str],
-    timeout: float,
-) -> AsyncIterator[tuple[str, Any]]:
-    """Run a foreground command with sandlot's ``commands.run``, yielding
-    ``("stdout"|"stderr", bytes)`` as it prints, then ``("end", CommandResult)``."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-    def push(item: tuple[str, Any]) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    def work() -> None:
-        try:
-            result = target.entry.sandbox.commands.run(
-                cmd,
-                cwd=cwd,
-                envs=envs,
-                timeout=timeout,
-                on_stdout=stream_only(lambda m: push(("stdout", m.line.encode()))),
-                on_stderr=stream_only(lambda m: push(("stderr", m.line.encode()))),
-            )
-            push(("end", result))
-        except SandlotError as exc:
-            push(("error", exc))
-        except BaseException as exc:  # surfaced to the client, logged by the caller
-            push(("error", exc))
-
-    future = loop.run_in_executor(target.state.executor, work)
-    try:
-        while True:
-            kind, value = await queue.get()
-            yield kind, value
-            if kind in ("end", "error"):
-                return
-    finally:
-        # A client gone mid-command: the command runs to its timeout (sandlot has no
-        # way to stop a foreground command yet); its output is dropped.
-        future.add_done_callback(lambda f: f.exception())
-
-
 _CODES: tuple[tuple[type[BaseException], Code], ...] = (
     # First match wins: subclasses before their parents.
     (sandlot.NotFoundError, Code.NOT_FOUND),
+    (sandlot.ProcessNotFoundError, Code.NOT_FOUND),
+    (sandlot.ProcessLimitError, Code.RESOURCE_EXHAUSTED),
     (sandlot.ContextNotFoundError, Code.NOT_FOUND),
     (sandlot.PathNotAllowedError, Code.PERMISSION_DENIED),
     (sandlot.InvalidArgumentError, Code.INVALID_ARGUMENT),
@@ -237,12 +186,6 @@ class FilesystemService(filesystem_connect.Filesystem):
         _unimplemented("files.watch_dir", "watch a directory by polling files.list")
 
 
-_BACKGROUND = (
-    "sandlot's E2B wire runs foreground commands (commands.run); background processes, "
-    "their handles and pty are being added to sandlot's process API"
-)
-
-
 def _check_not_cut(target: Target, result: Any) -> None:
     """A command that did not run to its end answers as envd's does: its deadline
     passed (DEADLINE_EXCEEDED, the SDK's TimeoutException), or its sandbox was killed
@@ -257,74 +200,164 @@ def _check_not_cut(target: Target, result: Any) -> None:
 
 
 class ProcessService(process_connect.Process):
-    """envd's ``process.Process``: ``Start`` runs a foreground command with
-    ``sandbox.commands.run`` and streams its output, then its exit code.
+    """envd's ``process.Process`` on sandlot's process API (``sandbox.commands``,
+    ``sandbox.pty``).
 
-    The other verbs (List, Connect, SendInput, SendSignal, CloseStdin, StreamInput,
-    Update) need background processes; they answer UNIMPLEMENTED here, the one place to
-    wire them to sandlot's process API.
+    Every ``Start`` is a background process of the sandbox, as in envd: the E2B SDK's
+    foreground ``commands.run`` is a ``Start`` it reads to the end, and a client that
+    disconnects leaves the process running (``commands.connect`` reattaches). The
+    call's deadline (the SDK's ``timeout``) is the process's lifetime, within the
+    tenant's cell-timeout ceiling; none means that ceiling.
     """
 
     async def start(self, request: Any, ctx: Any) -> AsyncIterator[Any]:
         target = _target()
-        if request.pty is not None:
-            _unimplemented("pty", _BACKGROUND)
-        if request.stdin:
-            _unimplemented("commands.run(stdin=True)", _BACKGROUND)
+        sandbox = target.entry.sandbox
         config = request.process or process_pb.ProcessConfig()
-        if not config.cmd:
-            raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd must not be empty")
         cwd = config.cwd if config.has_field("cwd") and config.cwd else None
+        envs = dict(config.envs)
         limit = target.state.manager.cell_timeout_ceiling(target.entry.tenant)
         remaining = ctx.timeout_ms
-        timeout = min(limit, remaining / 1000.0) if remaining is not None else limit
+        timeout = min(limit, remaining / 1000.0) if remaining else limit
         if timeout <= 0:
             raise ConnectError(Code.DEADLINE_EXCEEDED, "the command's deadline has passed")
-        start = process_pb.ProcessEvent.StartEvent(pid=next_pid())
-        yield process_pb.StartResponse(event=process_pb.ProcessEvent(event=_oneof("start", start)))
-        stream = stream_command(
-            target, command_line(config.cmd, list(config.args)), cwd, dict(config.envs), timeout
-        )
-        async for kind, value in stream:
-            if kind in ("stdout", "stderr"):
-                data = process_pb.ProcessEvent.DataEvent(output=_oneof(kind, value))
-                event = process_pb.ProcessEvent(event=_oneof("data", data))
-            elif kind == "end":
-                _check_not_cut(target, value)
-                end = process_pb.ProcessEvent.EndEvent(
-                    exit_code=value.exit_code,
-                    exited=value.exit_code >= 0,
-                    status=value.error or f"exit status {value.exit_code}",
+        if request.pty is not None:
+            size = request.pty.size or process_pb.PTY.Size(rows=24, cols=80)
+            handle = await _call(
+                functools.partial(
+                    sandbox.pty.create,
+                    sandlot.PtySize(rows=size.rows or 24, cols=size.cols or 80),
+                    cwd=cwd,
+                    envs=envs,
+                    timeout=timeout,
                 )
-                if value.error:
-                    end.error = value.error
-                event = process_pb.ProcessEvent(event=_oneof("end", end))
-            else:
-                _check_not_cut(target, None)
-                raise _connect_error(value)
+            )
+        else:
+            if not config.cmd:
+                raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd must not be empty")
+            handle = await _call(
+                functools.partial(
+                    sandbox.commands.run,
+                    command_line(config.cmd, list(config.args)),
+                    cwd=cwd,
+                    envs=envs,
+                    timeout=timeout,
+                    background=True,
+                    stdin=bool(request.stdin),
+                )
+            )
+        async for event in _process_events(target, handle):
             yield process_pb.StartResponse(event=event)
 
-    async def list(self, request: Any, ctx: Any) -> Any:
-        _unimplemented("commands.list", _BACKGROUND)
-
     async def connect(self, request: Any, ctx: Any) -> AsyncIterator[Any]:
-        _unimplemented("commands.connect", _BACKGROUND)
-        yield  # an async generator, as the stub's server-streaming endpoint expects
+        target = _target()
+        handle = await _call(target.entry.sandbox.commands.connect, _pid_of(request.process))
+        async for event in _process_events(target, handle):
+            yield process_pb.ConnectResponse(event=event)
 
-    async def update(self, request: Any, ctx: Any) -> Any:
-        _unimplemented("pty.resize", _BACKGROUND)
-
-    async def stream_input(self, request: Any, ctx: Any) -> Any:
-        _unimplemented("streaming stdin", _BACKGROUND)
+    async def list(self, request: Any, ctx: Any) -> Any:
+        target = _target()
+        processes = await _call(target.entry.sandbox.commands.list)
+        return process_pb.ListResponse(processes=[_process_info(info) for info in processes])
 
     async def send_input(self, request: Any, ctx: Any) -> Any:
-        _unimplemented("commands.send_stdin", _BACKGROUND)
+        await _send_input(_pid_of(request.process), request.input)
+        return process_pb.SendInputResponse()
+
+    async def stream_input(self, request: Any, ctx: Any) -> Any:
+        pid: int | None = None
+        async for message in request:
+            event = message.event
+            if event is None:
+                continue
+            if event.field == "start":
+                pid = _pid_of(event.value.process)
+            elif event.field == "data":
+                if pid is None:
+                    raise ConnectError(Code.INVALID_ARGUMENT, "input before the start event")
+                await _send_input(pid, event.value.input)
+        return process_pb.StreamInputResponse()
 
     async def send_signal(self, request: Any, ctx: Any) -> Any:
-        _unimplemented("commands.kill", _BACKGROUND)
+        # SIGTERM and SIGKILL alike end the process group and every descendant: a
+        # sandboxed command gets no grace period to outlive its kill.
+        if not await _call(_target().entry.sandbox.commands.kill, _pid_of(request.process)):
+            raise ConnectError(Code.NOT_FOUND, "no such process is running")
+        return process_pb.SendSignalResponse()
 
     async def close_stdin(self, request: Any, ctx: Any) -> Any:
-        _unimplemented("commands.close_stdin", _BACKGROUND)
+        await _call(_target().entry.sandbox.commands.close_stdin, _pid_of(request.process))
+        return process_pb.CloseStdinResponse()
+
+    async def update(self, request: Any, ctx: Any) -> Any:
+        if request.pty is None or request.pty.size is None:
+            raise ConnectError(Code.INVALID_ARGUMENT, "only a terminal's size can be updated")
+        size = sandlot.PtySize(rows=request.pty.size.rows, cols=request.pty.size.cols)
+        await _call(_target().entry.sandbox.pty.resize, _pid_of(request.process), size)
+        return process_pb.UpdateResponse()
+
+
+def _pid_of(selector: Any) -> int:
+    if selector is None or selector.selector is None:
+        raise ConnectError(Code.INVALID_ARGUMENT, "a process selector is required")
+    if selector.selector.field != "pid":
+        raise ConnectError(Code.NOT_FOUND, "sandlot selects processes by pid only")
+    return int(selector.selector.value)
+
+
+async def _send_input(pid: int, data: Any) -> None:
+    if data is None or data.input is None:
+        raise ConnectError(Code.INVALID_ARGUMENT, "no input given")
+    sandbox = _target().entry.sandbox
+    await _call(sandbox.commands.send_stdin, pid, bytes(data.input.value))
+
+
+def _process_info(info: sandlot.ProcessInfo) -> Any:
+    config = process_pb.ProcessConfig(cmd=info.cmd, args=list(info.args), envs=dict(info.envs))
+    if info.cwd:
+        config.cwd = info.cwd
+    item = process_pb.ProcessInfo(config=config, pid=info.pid)
+    if info.tag:
+        item.tag = info.tag
+    return item
+
+
+async def _process_events(target: Target, handle: sandlot.CommandHandle) -> AsyncIterator[Any]:
+    """A handle's life as envd's events: start (pid), output, end. A client that goes
+    away (the call is cancelled) only detaches: the process runs on."""
+    start = process_pb.ProcessEvent.StartEvent(pid=handle.pid)
+    yield process_pb.ProcessEvent(event=_oneof("start", start))
+    items = iter(handle)
+    try:
+        while True:
+            try:
+                item = await run_blocking(target, next, items, None)
+            except Exception as exc:
+                _check_not_cut(target, None)
+                raise _connect_error(exc) from None
+            if item is None:
+                break
+            stdout, stderr, pty = item
+            if pty is not None:
+                kind, value = "pty", pty
+            elif stdout is not None:
+                kind, value = "stdout", stdout.encode("utf-8", "surrogateescape")
+            else:
+                kind, value = "stderr", (stderr or "").encode("utf-8", "surrogateescape")
+            data = process_pb.ProcessEvent.DataEvent(output=_oneof(kind, value))
+            yield process_pb.ProcessEvent(event=_oneof("data", data))
+    finally:
+        handle.disconnect()
+    exit_code = handle.exit_code if handle.exit_code is not None else -1
+    _check_not_cut(target, sandlot.CommandResult(handle.stdout, "", exit_code, handle.error))
+    end = process_pb.ProcessEvent.EndEvent(
+        exit_code=exit_code,
+        exited=exit_code >= 0,
+        status=handle.error or f"exit status {exit_code}",
+    )
+    if handle.error:
+        end.error = handle.error
+    yield process_pb.ProcessEvent(event=_oneof("end", end))
 
 
 def apps(read_max_bytes: int) -> Callable[[str], ASGIApp | None]:

@@ -12,7 +12,8 @@ before the app sees them:
   ``GET /health``;
 * envd's Connect services, served by the ``connectrpc`` package with the stubs the
   ``e2b`` package ships: ``filesystem.Filesystem`` (Stat, ListDir, MakeDir, Move,
-  Remove) and ``process.Process`` (Start: a foreground command streamed to its end);
+  Remove) and ``process.Process`` (Start, Connect, List, SendInput, StreamInput,
+  SendSignal, CloseStdin, Update: sandlot's background processes and terminals);
 * the code interpreter: ``/execute``, ``/contexts``.
 
 A request is served only with the sandbox's token or an API key of its tenant, and
