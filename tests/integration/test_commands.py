@@ -4,9 +4,7 @@ backend, and remote mode through a real ``sandlot serve``): no fakes, no mocks."
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +12,8 @@ from typing import Any
 import pytest
 
 import sandlot
+from _host import eventually as _eventually
+from _host import host_pids as _host_pids
 from sandlot import (
     AsyncSandbox,
     CommandExitError,
@@ -57,27 +57,6 @@ def _marked_in_sandbox(sbx: Sandbox, marker: str) -> list[int]:
     assert execution.text is not None
     found: list[int] = eval(execution.text)  # a list of ints, printed by the cell
     return found
-
-
-def _host_pids(marker: str) -> list[int]:
-    found: list[int] = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                if marker.encode() in handle.read():
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
-def _eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
-        time.sleep(0.1)
 
 
 def test_background_command_lists_takes_stdin_and_waits(sandbox: Sandbox) -> None:

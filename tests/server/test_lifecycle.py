@@ -9,13 +9,15 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from _host import eventually as _eventually
+from _host import host_pids as _processes_with
 from _server_harness import ServerProcess
 from sandlot import Sandbox
 
@@ -27,28 +29,6 @@ pytestmark = [
 
 WAIT = 120.0
 """Seconds to wait for anything asynchronous; generous, the machine is shared."""
-
-
-def _processes_with(marker: str) -> list[int]:
-    """Host pids whose command line contains ``marker``."""
-    found: list[Path] = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                if marker.encode() in handle.read():
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
-def _eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
-        time.sleep(0.2)
 
 
 def _client(server: ServerProcess, key: str) -> httpx.Client:

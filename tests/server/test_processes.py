@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from _host import eventually as _eventually
+from _host import host_pids as _host_pids
 from _server_harness import ServerProcess
 
 pytestmark = [
@@ -68,27 +68,6 @@ def _lines(response: httpx.Response) -> Iterator[dict[str, Any]]:
     for line in response.iter_lines():
         if line:
             yield json.loads(line)
-
-
-def _host_pids(marker: str) -> list[int]:
-    found: list[int] = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as handle:
-                if marker.encode() in handle.read():
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
-def _eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
-        time.sleep(0.1)
 
 
 def test_start_streams_then_ends(alice: httpx.Client, sandbox_id: str) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from _host import eventually as _eventually
 from _server_harness import ServerProcess
 
 pytestmark = [
@@ -36,13 +36,6 @@ def _metric(client: httpx.Client, name: str) -> float:
     match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert match, f"{name} not in /metrics"
     return float(match.group(1))
-
-
-def _eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
-        time.sleep(0.2)
 
 
 def _run(client: httpx.Client, sandbox_id: str, code: str) -> list[dict[str, object]]:
