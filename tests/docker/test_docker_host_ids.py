@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from _host import eventually
 from sandlot import IsolationUnavailable, Sandbox
 from sandlot.backends import _hostids
 from sandlot.backends.docker import DockerBackend, PodmanBackend, _engine_for, owner_tag
@@ -205,7 +206,10 @@ def test_a_uid_a_container_still_runs_as_is_never_handed_out(
     with pytest.raises(_hostids.HostIdsExhausted):
         allocator.acquire()
     sbx.kill()
-    allocator.acquire().release()  # free once nothing runs as it
+    # The engine may still be reaping the container's last processes when kill()
+    # returns (Podman's conmon): the uid is free once nothing runs as it.
+    eventually(lambda: uid not in _hostids.uids_in_use(), f"nothing to run as uid {uid}")
+    allocator.acquire().release()
 
 
 def _owned_containers(name: str) -> list[str]:
@@ -234,6 +238,7 @@ def test_a_full_range_refuses_cleanly_until_a_container_ends(
     assert sorted(_owned_containers(engine)) == before  # refused before creating one
     first_uid = _held(sandboxes[0])[0]
     sandboxes[0].kill()
+    eventually(lambda: first_uid not in _hostids.uids_in_use(), f"nothing to run as {first_uid}")
     third = Sandbox(backend=_backend(engine), timeout=300)
     sandboxes.append(third)
     assert _held(third)[0] == first_uid
