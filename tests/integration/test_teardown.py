@@ -72,8 +72,24 @@ def _snapshot() -> dict[str, object]:
         "staging": sorted(p.name for p in runtime.glob(".stage-*")) if runtime.is_dir() else [],
         "fds": sorted(os.listdir("/proc/self/fd")),
         "threads": sorted(t.name for t in threading.enumerate()),
-        "mounts": Path("/proc/self/mountinfo").read_text(),
+        "mounts": _mounts(),
     }
+
+
+# Container engines mount and unmount their containers' file systems in the host's mount
+# namespace as other tests (or other programs) start and stop containers: not sandlot's.
+_ENGINE_MOUNTS = ("/var/lib/docker/", "/var/lib/containers/", "/run/docker/", "/run/containers/")
+
+
+def _mounts() -> list[str]:
+    """The host's mount table (this process's namespace), minus container engines'."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [
+        line
+        for line in lines
+        if not (line.split()[4] + "/").startswith(_ENGINE_MOUNTS)
+        and "/run/netns/" not in line.split()[4] + "/"
+    ]
 
 
 def _settled(before: dict[str, object], timeout: float = 30.0) -> dict[str, object]:
