@@ -149,7 +149,10 @@ def test_a_restarted_server_hands_the_recovery_token_back_to_it(tmp_path: Path) 
     from _server_harness import ServerProcess
 
     env = _declare(tmp_path)
-    server = ServerProcess(tmp_path / "server", "--backend", NAME, env=env).start()
+    # No warm pool: the test follows the one sandbox it creates through a restart.
+    server = ServerProcess(
+        tmp_path / "server", "--backend", NAME, "--pool-size", "0", env=env
+    ).start()
     try:
         key = server.key("plugin")
         with httpx.Client(
