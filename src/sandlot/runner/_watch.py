@@ -32,6 +32,9 @@ from sandlot.runner._files import DIR_FLAGS, Files, _open_dir, _open_entry
 
 STREAMS = 16
 """Watches one sandbox may have at once."""
+STOP_WAIT = 5.0
+"""Seconds ``fs_watch_stop`` waits for the watch to release its inotify instance (so a
+watch started right after the reply finds the slot and the quota free)."""
 DIRECTORIES = 1024
 """Directories one sandbox may watch in all (each an inotify watch and a descriptor)."""
 
@@ -132,6 +135,8 @@ class Watch:
         self.stop_r, self.stop_w = os.pipe2(os.O_CLOEXEC)
         self.dirs: Dict[int, Tuple[int, str]] = {}
         """wd -> (descriptor of the directory, its path relative to the watched one)."""
+        self.released = threading.Event()
+        """Set once the watch has closed its descriptors and left the table."""
 
     def add(self, dir_fd: int, relative: str) -> None:
         """Watch the directory open as ``dir_fd`` (taken over: closed with the watch)."""
@@ -188,6 +193,7 @@ class Watch:
         finally:
             self.close()
             self.table.done(self)
+            self.released.set()
             self.table.host.send({"type": "exit", "id": self.rid, "status": "ok"})
 
     def _pump(self) -> bool:
@@ -339,6 +345,7 @@ class Watches:
             watch = self.streams.get(request["target"])
         if watch is not None:
             watch.stop()
+            watch.released.wait(STOP_WAIT)
         self.host.reply(request["id"], watch is not None)
 
 
