@@ -4,8 +4,8 @@ A ``fs_watch`` request opens the directory the way every files.* request does (f
 a workspace root's descriptor, never re-resolving a checked name: see ``_files.py``)
 and watches *that descriptor's* directory, through ``/proc/self/fd/N``; a symlink
 swapped in afterwards changes nothing. It answers ``watching``, then streams one
-``fs_event`` {event, name} per change until the host sends ``fs_watch_stop`` (or the
-watched directory goes away), then ``exit``.
+``fs_event`` {event, name} per change until the host sends ``fs_watch_stop``, then
+``exit``.
 
 Bounds, per sandbox: at most :data:`STREAMS` watches at once and :data:`DIRECTORIES`
 directories watched in all (a recursive watch adds one per subdirectory, including
