@@ -36,6 +36,7 @@ from sandlot._exceptions import (
     SandlotError,
     ServerError,
     TemplateError,
+    WatchLimitError,
 )
 from sandlot._fold import stream_only
 from sandlot._models import (
@@ -57,6 +58,7 @@ from sandlot._models import (
 )
 from sandlot._process import CommandHandle
 from sandlot._sandbox import Sandbox
+from sandlot._watch import FilesystemEvent, WatchHandle
 from sandlot.policy import NetworkPolicy, Resources
 from sandlot.pool import Pool, PoolStats
 from sandlot.precheck import PrecheckReport
@@ -80,6 +82,7 @@ __all__ = [
     "ExecutionFailed",
     "FileOperationError",
     "FileType",
+    "FilesystemEvent",
     "InvalidArgumentError",
     "IsolationUnavailable",
     "Logs",
@@ -109,6 +112,8 @@ __all__ = [
     "SandlotError",
     "ServerError",
     "TemplateError",
+    "WatchHandle",
+    "WatchLimitError",
     "WriteInfo",
     "__version__",
     "stream_only",

@@ -31,6 +31,7 @@ from sandlot._models import (
 from sandlot._precheck_gate import PrecheckHook, PrecheckMode
 from sandlot._process import CommandHandle
 from sandlot._sandbox import Commands, Filesystem, Pty, Sandbox
+from sandlot._watch import FilesystemEvent, WatchHandle
 from sandlot.policy import NetworkPolicy, Resources
 from sandlot.validate import DEFAULT_COMMAND_TIMEOUT, DEFAULT_SANDBOX_TIMEOUT
 
@@ -41,7 +42,14 @@ if TYPE_CHECKING:
     from sandlot.pool import Pool
     from sandlot.precheck import PrecheckReport
 
-__all__ = ["AsyncCommandHandle", "AsyncCommands", "AsyncFilesystem", "AsyncPty", "AsyncSandbox"]
+__all__ = [
+    "AsyncCommandHandle",
+    "AsyncCommands",
+    "AsyncFilesystem",
+    "AsyncPty",
+    "AsyncSandbox",
+    "AsyncWatchHandle",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -219,6 +227,41 @@ class AsyncFilesystem:
 
     async def rename(self, old_path: str, new_path: str) -> EntryInfo:
         return await _in_thread(self._sync.rename, old_path, new_path)
+
+    async def watch_dir(
+        self,
+        path: str,
+        on_event: Callable[[FilesystemEvent], object] | None = None,
+        recursive: bool = False,
+    ) -> AsyncWatchHandle:
+        """Watch a directory (see :meth:`sandlot.Filesystem.watch_dir`). ``on_event``
+        runs on this event loop; a coroutine function is awaited one event at a time,
+        in order (a slow one slows the watch down rather than piling up tasks)."""
+        import asyncio
+
+        callback = _on_loop(asyncio.get_running_loop(), on_event)
+        handle = await _in_thread(self._sync.watch_dir, path, callback, recursive)
+        return AsyncWatchHandle(handle)
+
+
+class AsyncWatchHandle:
+    """A directory watch of an :class:`AsyncSandbox` (see :class:`sandlot.WatchHandle`)."""
+
+    def __init__(self, handle: WatchHandle) -> None:
+        self._handle = handle
+
+    @property
+    def running(self) -> bool:
+        return self._handle.running
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        return await _in_thread(self._handle.wait, timeout)
+
+    async def get_new_events(self) -> list[FilesystemEvent]:
+        return self._handle.get_new_events()
+
+    async def stop(self) -> None:
+        await _in_thread(self._handle.stop)
 
 
 class AsyncCommands:

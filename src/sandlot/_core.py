@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         WriteInfo,
     )
     from sandlot._process import ProcessStream
+    from sandlot._watch import WatchStream
     from sandlot.backends import Backend, SandboxHandle
     from sandlot.pool import Pool
 
@@ -180,3 +181,8 @@ class Core(Protocol):
     def make_dir(self, path: str) -> bool: ...
 
     def rename(self, old_path: str, new_path: str) -> EntryInfo: ...
+
+    def watch_dir(self, path: str, recursive: bool) -> WatchStream:
+        """Watch a directory; its events until the stream is closed. NotFoundError,
+        PathNotAllowedError as for files.*; WatchLimitError at the sandbox's cap."""
+        ...

@@ -23,6 +23,7 @@
     ├── CommandExitError            a background command's ``wait()`` saw a non-zero exit [exit 1]
     ├── ProcessNotFoundError        no running process with that pid in the sandbox    [exit 1]
     ├── ProcessLimitError           the sandbox runs its limit of background processes [exit 1]
+    ├── WatchLimitError             the sandbox's cap on directory watches is reached  [exit 1]
     ├── ModelError                  a model provider's API failed (agent, ``sandlot chat``) [exit 6]
     ├── ServerError                 a sandlot server refused or failed a request      [exit 7]
     │   ├── AuthenticationError     missing, wrong or revoked API key (HTTP 401)
@@ -136,6 +137,11 @@ class ProcessNotFoundError(SandlotError, LookupError):
 class ProcessLimitError(SandlotError):
     """The sandbox already runs as many background processes and terminals as its
     ``resources.background_processes`` allows; kill one first."""
+
+
+class WatchLimitError(SandlotError):
+    """The sandbox already has as many directory watches as it may (a cap per sandbox),
+    or the host's inotify quota for it is used up; stop a watch first."""
 
 
 class ModelError(SandlotError):

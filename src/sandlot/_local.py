@@ -31,6 +31,7 @@ from sandlot._exceptions import (
     SandboxClosed,
     SandboxLost,
     SandlotError,
+    WatchLimitError,
 )
 from sandlot._fold import Callbacks, CommandBuilder, ExecutionBuilder
 from sandlot._models import (
@@ -49,6 +50,7 @@ from sandlot._models import (
     process_from_wire,
 )
 from sandlot._process import ProcessEvent
+from sandlot._watch import EVENT_TYPES, FilesystemEvent
 from sandlot.backends import EventStream, SandboxHandle, get_backend
 from sandlot.policy import MiB, SandboxSpec
 from sandlot.pool import Pool, default_pool
@@ -73,6 +75,7 @@ _ERRORS: dict[str, type[SandlotError]] = {
     "ProcessNotFoundError": ProcessNotFoundError,
     "ProcessLimitError": ProcessLimitError,
     "CommandError": SandlotError,
+    "WatchLimitError": WatchLimitError,
 }
 
 
@@ -460,6 +463,66 @@ class LocalCore:
 
     def rename(self, old_path: str, new_path: str) -> EntryInfo:
         return entry_from_wire(self.call({"type": "fs_rename", "src": old_path, "dst": new_path}))
+
+    def watch_dir(self, path: str, recursive: bool) -> LocalWatchStream:
+        rid = self._next_id()
+        message = {"type": "fs_watch", "path": path, "recursive": recursive, "id": rid}
+        stream = self._ensure().request(message)
+        try:
+            event = stream.next(REQUEST_TIMEOUT)
+        except BaseException:
+            stream.close()
+            raise
+        if event is None:
+            stream.close()
+            self._discard_handle()
+            raise SandboxLost("the sandbox did not answer fs_watch")
+        if event["type"] != "watching":
+            stream.close()
+            error = event.get("error") or {}
+            cls = _ERRORS.get(str(error.get("name")), FileOperationError)
+            raise cls(str(error.get("message", f"cannot watch {path}")))
+        return LocalWatchStream(self, stream, rid)
+
+
+class LocalWatchStream:
+    """The events of one directory watch, from the runner (a ``WatchStream``)."""
+
+    POLL = 0.25
+    """Seconds between checks for :meth:`close` while no event arrives."""
+
+    def __init__(self, core: LocalCore, stream: EventStream, rid: str) -> None:
+        self._core = core
+        self._stream = stream
+        self._rid = rid
+        self._closed = threading.Event()
+        self._ended = False
+
+    def events(self) -> Iterator[FilesystemEvent]:
+        try:
+            while not self._closed.is_set():
+                event = self._stream.next(self.POLL)
+                if event is None:
+                    continue
+                if event["type"] == "fs_event":
+                    kind = event["event"]
+                    if kind in EVENT_TYPES:  # anything else is the runner's own business
+                        yield FilesystemEvent(name=event["name"], type=kind)
+                elif event["type"] in ("exit", "reply"):
+                    self._ended = True
+                    return
+        finally:
+            if self._closed.is_set() or self._ended:
+                self._stream.close()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if not self._ended:
+            with contextlib.suppress(SandlotError):
+                self._core.call({"type": "fs_watch_stop", "target": self._rid}, timeout=5)
+        self._stream.close()
 
 
 class LocalProcessStream:

@@ -46,6 +46,7 @@ from sandlot._models import (
     process_from_wire,
 )
 from sandlot._process import ProcessEvent
+from sandlot._watch import EVENT_TYPES, FilesystemEvent
 from sandlot.backends import Backend, SandboxHandle
 from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
 
@@ -534,6 +535,29 @@ class RemoteCore:
         body = {"old_path": old_path, "new_path": new_path}
         return entry_from_wire(self._request("POST", self._path("/files/rename"), json=body).json())
 
+    def watch_dir(self, path: str, recursive: bool) -> RemoteWatchStream:
+        # No read timeout: a directory may stay quiet for as long as it is watched.
+        request = self._client.build_request(
+            "POST",
+            self._path("/files/watch"),
+            json={"path": path, "recursive": recursive},
+            timeout=httpx.Timeout(None, connect=10.0),
+        )
+        try:
+            response = self._client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise errors.ServerError(f"cannot reach the sandlot server: {exc}") from exc
+        try:
+            _raise_for(response)
+            lines = response.iter_lines()
+            first = json.loads(next(line for line in lines if line))
+            if first.get("type") != "started":
+                raise errors.ServerError(f"the server answered {first.get('type')!r}, not started")
+        except BaseException:
+            response.close()
+            raise
+        return RemoteWatchStream(response, lines)
+
 
 class RemoteProcessStream:
     """A background process's events from the server's NDJSON stream (a ``ProcessStream``)."""
@@ -593,6 +617,34 @@ class RemoteProcessStream:
                 sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(httpx.HTTPError, httpx.StreamError, OSError):
             self._response.close()
+
+
+class RemoteWatchStream(RemoteProcessStream):
+    """A directory watch's events from the server's NDJSON stream (a ``WatchStream``).
+    Closing it disconnects; the server then stops the watch."""
+
+    def __init__(self, response: httpx.Response, lines: Iterator[str]) -> None:
+        super().__init__(response, lines, 0)
+
+    def events(self) -> Iterator[FilesystemEvent]:  # type: ignore[override]
+        try:
+            for line in self._lines:
+                if not line:
+                    continue
+                message = json.loads(line)
+                kind = message.get("type")
+                if kind == "event" and message.get("event_type") in EVENT_TYPES:
+                    yield FilesystemEvent(name=str(message["name"]), type=message["event_type"])
+                elif kind == "end":
+                    return
+                elif kind == "error":  # the server cut a client that read too slowly
+                    raise errors.ServerError(str(message.get("value")))
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            if not self._closed:
+                raise errors.SandboxLost(f"the connection to the server was lost: {exc}") from exc
+        finally:
+            with contextlib.suppress(httpx.HTTPError, httpx.StreamError, OSError):
+                self._response.close()
 
 
 def _network_body(policy: NetworkPolicy) -> dict[str, Any]:

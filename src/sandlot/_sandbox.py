@@ -30,6 +30,7 @@ from sandlot._models import (
 )
 from sandlot._precheck_gate import PrecheckHook, PrecheckMode, PrecheckPolicy
 from sandlot._process import CommandHandle, input_bytes
+from sandlot._watch import FilesystemEvent, WatchHandle
 from sandlot.policy import NetworkPolicy, Resources
 from sandlot.validate import (
     DEFAULT_COMMAND_TIMEOUT,
@@ -180,6 +181,23 @@ class Filesystem:
 
     def rename(self, old_path: str, new_path: str) -> EntryInfo:
         return self._core.rename(check_file_path(old_path), check_file_path(new_path))
+
+    def watch_dir(
+        self,
+        path: str,
+        on_event: Callable[[FilesystemEvent], object] | None = None,
+        recursive: bool = False,
+    ) -> WatchHandle:
+        """Watch a directory for changes (``recursive``: its subdirectories too, new
+        ones included). Without ``on_event``, ``handle.get_new_events()`` returns what
+        changed since the last call; ``on_event`` is called on a thread of the handle's
+        instead. Call ``handle.stop()`` when done: a sandbox has a cap on watches
+        (WatchLimitError past it)."""
+        if not isinstance(recursive, bool):
+            raise InvalidArgumentError(f"recursive must be a bool, not {recursive!r}")
+        if on_event is not None and not callable(on_event):
+            raise InvalidArgumentError("on_event must be callable")
+        return WatchHandle(self._core.watch_dir(check_file_path(path), recursive), on_event)
 
 
 class Commands:

@@ -279,8 +279,23 @@ def echo_handler(request: dict[str, Any]) -> Iterator[dict[str, Any]]:
     ``data`` with base64 for a terminal), then ``{"type": "exit", "status": "ok" |
     "error" | "timeout", "exit_code": C}``; a refusal is a failed ``reply`` (``error``
     ``{"name": "ProcessLimitError", ...}``).
+
+    ``files.watch_dir(path)`` is watched at once and reports one ``create`` event
+    named ``path``, then ends. A handler of your own fakes a watch with
+    ``{"type": "watching"}``, ``{"type": "fs_event", "event": "create" | "write" |
+    "remove" | "rename" | "chmod", "name": N}`` events, and ``exit`` (or nothing: the
+    watch then runs until ``stop()``, which sends ``fs_watch_stop``); a refusal is a
+    failed ``reply`` (``WatchLimitError``, ``NotFoundError``, ``PathNotAllowedError``).
     """
     kind = request["type"]
+    if kind == "fs_watch":
+        yield {"type": "watching"}
+        yield {"type": "fs_event", "event": "create", "name": request["path"]}
+        yield {"type": "exit", "status": "ok"}
+        return
+    if kind == "fs_watch_stop":
+        yield {"type": "reply", "ok": True, "value": False}
+        return
     if kind == "process_start":
         yield {"type": "started", "pid": ECHO_PID}
         yield {"type": "stdout", "text": request["cmd"]}

@@ -70,6 +70,9 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
                 "start_process_v1_sandboxes__sandbox_id__processes_post",
                 "--exclude-operation-id",
                 "connect_process_v1_sandboxes__sandbox_id__processes__pid__get",
+                # A watch streams until its client leaves (tests/server/test_watch.py).
+                "--exclude-operation-id",
+                "watch_dir_v1_sandboxes__sandbox_id__files_watch_post",
                 "--no-color",
             ],
             capture_output=True,

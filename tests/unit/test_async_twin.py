@@ -14,9 +14,16 @@ from typing import Any
 import pytest
 
 from sandlot import AsyncSandbox, Sandbox
-from sandlot._async import AsyncCommandHandle, AsyncCommands, AsyncFilesystem, AsyncPty
+from sandlot._async import (
+    AsyncCommandHandle,
+    AsyncCommands,
+    AsyncFilesystem,
+    AsyncPty,
+    AsyncWatchHandle,
+)
 from sandlot._process import CommandHandle
 from sandlot._sandbox import Commands, Filesystem, Pty
+from sandlot._watch import WatchHandle
 
 TWINS = [
     (Sandbox, AsyncSandbox),
@@ -24,6 +31,7 @@ TWINS = [
     (Commands, AsyncCommands),
     (Pty, AsyncPty),
     (CommandHandle, AsyncCommandHandle),
+    (WatchHandle, AsyncWatchHandle),
 ]
 
 SYNC_ONLY: dict[tuple[type, str], str] = {

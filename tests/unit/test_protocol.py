@@ -31,6 +31,8 @@ VALID_EVENTS: dict[str, dict[str, Any]] = {
     "exit": {"type": "exit", "id": "r1", "status": "ok"},
     "data": {"type": "data", "id": "r1", "data": "aGk="},
     "reply": {"type": "reply", "id": "r1", "ok": True},
+    "watching": {"type": "watching", "id": "r1"},
+    "fs_event": {"type": "fs_event", "id": "r1", "event": "create", "name": "a.txt"},
 }
 
 VALID_REQUESTS: dict[str, dict[str, Any]] = {
@@ -57,6 +59,8 @@ VALID_REQUESTS: dict[str, dict[str, Any]] = {
     "fs_remove": {"path": "a.txt"},
     "fs_mkdir": {"path": "d"},
     "fs_rename": {"src": "a", "dst": "b"},
+    "fs_watch": {"path": ".", "recursive": True},
+    "fs_watch_stop": {"target": "sbx-2"},
     "shutdown": {},
 }
 

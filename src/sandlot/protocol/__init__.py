@@ -24,10 +24,11 @@ from typing import Any, Dict, Mapping, Tuple
 
 from sandlot.protocol import layout as _layout
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Bumped on any incompatible change; the runner announces it in ``ready``.
 2: the ``fatal`` event. 3: background processes and terminals (``process_*``,
-``pty_resize``, the ``started`` event)."""
+``pty_resize``, the ``started`` event). 4: directory watches (``fs_watch``,
+``fs_watch_stop``, the ``watching`` and ``fs_event`` events)."""
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """Largest single message the host accepts from a runner (a big PNG fits)."""
@@ -84,6 +85,12 @@ HOST_REQUESTS: Dict[str, Dict[str, Tuple[type, ...]]] = {
     "fs_remove": {"path": (str,)},
     "fs_mkdir": {"path": (str,)},
     "fs_rename": {"src": (str,), "dst": (str,)},
+    # Watch a directory (optional "recursive": bool): answered by "watching", then one
+    # "fs_event" per change until fs_watch_stop (or the directory goes), then "exit";
+    # or a failed "reply" (WatchLimitError at the sandbox's cap or inotify quota).
+    "fs_watch": {"path": (str,)},
+    # End the watch of request ``target``; replies whether it was running.
+    "fs_watch_stop": {"target": (str,)},
     "shutdown": {},
 }
 
@@ -97,6 +104,12 @@ RUNNER_MESSAGES: Dict[str, Dict[str, Tuple[type, ...]]] = {
     "fatal": {"reason": (str,), "message": (str,)},
     # First event of process_start / process_connect: the process's pid in the sandbox.
     "started": {"id": (str,), "pid": (int,)},
+    # First event of fs_watch: the directory is watched from now on.
+    "watching": {"id": (str,)},
+    # A change in a watched directory. event: create | write | remove | rename | chmod,
+    # or "overflow" (events were lost, or a new subdirectory is past the cap); name:
+    # relative to the watched directory.
+    "fs_event": {"id": (str,), "event": (str,), "name": (str,)},
     # Streamed output of an execute or command request.
     "stdout": {"id": (str,), "text": (str,)},
     "stderr": {"id": (str,), "text": (str,)},

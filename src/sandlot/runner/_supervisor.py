@@ -55,6 +55,7 @@ from sandlot.runner._background import Background
 from sandlot.runner._contexts import KernelProcess, OutputBudget, pump
 from sandlot.runner._files import Files, FilesError
 from sandlot.runner._processes import Processes
+from sandlot.runner._watch import Watches
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
@@ -106,6 +107,7 @@ class Supervisor:
         self.files = Files(self.workdir)
         self.workers = Workers(self.dispatch)
         self.background = Background(self)
+        self.watches = Watches(self)
 
     # --- host channel -----------------------------------------------------------------
     def send(self, message: Dict[str, Any]) -> None:
@@ -391,6 +393,12 @@ class Supervisor:
 
     def on_fs_rename(self, request: Dict[str, Any]) -> None:
         self.reply(request["id"], self.files.rename(request["src"], request["dst"]))
+
+    def on_fs_watch(self, request: Dict[str, Any]) -> None:
+        self.watches.start(request)
+
+    def on_fs_watch_stop(self, request: Dict[str, Any]) -> None:
+        self.watches.stop(request)
 
 
 class Workers:

@@ -23,7 +23,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from sandlot import EntryInfo, InvalidArgumentError, PtySize, SandlotError, stream_only
+from sandlot import (
+    EntryInfo,
+    FilesystemEvent,
+    InvalidArgumentError,
+    PtySize,
+    SandlotError,
+    stream_only,
+)
 from sandlot.policy import MiB, Resources
 from sandlot.server._cells import CellRunner, exception_message, ndjson
 from sandlot.server._manager import ApiError, ManagedSandbox
@@ -547,6 +554,57 @@ async def rename(request: Request, entry: Owned, body: Rename) -> Entry:
         entry.sandbox.files.rename, body.old_path, body.new_path
     )
     return _entry(info)
+
+
+class WatchIn(Strict):
+    path: str = Field(..., min_length=1)
+    recursive: bool = False
+
+
+@router.post(
+    "/v1/sandboxes/{sandbox_id}/files/watch",
+    tags=["files"],
+    response_class=StreamingResponse,
+    responses=_NDJSON_DOC,
+)
+async def watch_dir(request: Request, entry: Owned, body: WatchIn) -> StreamingResponse:
+    """Watch a directory: ``started``, then one ``event`` {name, event_type} per change,
+    then ``end`` when the directory goes away. Closing the stream stops the watch. The
+    sandbox's cap on watches bounds these streams (WatchLimitError past it)."""
+    state = state_of(request)
+    ready = threading.Event()
+    gone = threading.Event()
+    sink: list[Callable[[dict[str, Any] | None], None]] = []
+
+    def forward(event: FilesystemEvent) -> None:
+        # The watch starts before the stream does: hold its first events until then.
+        ready.wait()
+        if not gone.is_set():
+            sink[0]({"type": "event", "name": event.name, "event_type": event.type})
+
+    handle = await state.blocking(entry.sandbox.files.watch_dir, body.path, forward, body.recursive)
+
+    def work(push: Any) -> None:
+        state.manager.touch(entry, +1)
+        try:
+            push({"type": "started"})
+            sink.append(push)
+            ready.set()
+            handle.wait()
+            push({"type": "end"})
+        finally:
+            state.manager.touch(entry, -1)
+            push(None)
+
+    def abandon() -> None:
+        gone.set()
+        ready.set()
+        handle.stop()
+
+    stream = ndjson(
+        work, _STREAM_THREADS, abandon, stall_seconds=state.settings.client_stall_timeout
+    )
+    return StreamingResponse(stream, media_type=NDJSON)
 
 
 # --- commands ---------------------------------------------------------------------------
