@@ -293,8 +293,6 @@ def test_not_implemented_calls_raise_the_sdks_errors(wire: Wire) -> None:
     try:
         with pytest.raises(SandboxException, match="not implemented by sandlot"):
             sbx.pause()
-        with pytest.raises(SandboxException, match="not implemented by sandlot"):
-            sbx.files.watch_dir("/home/user", lambda event: None)
         [metrics] = sbx.get_metrics()
         assert metrics.mem_total > 0 and metrics.mem_used > 0
     finally:
@@ -386,3 +384,49 @@ def test_background_commands_async(wire: Wire) -> None:
 
     stdout, listed, killed = asyncio.run(scenario())
     assert stdout == "bg\n" and listed and killed
+
+
+def test_watch_dir_sync_and_async(wire: Wire) -> None:
+    """envd's polling watcher (the sync SDK) and WatchDir stream (the async SDK)."""
+    import time
+
+    from e2b import AsyncSandbox, FilesystemEventType, Sandbox
+
+    sbx = Sandbox.create(**wire.opts())
+    try:
+        sbx.files.make_dir("/home/user/watched")
+        handle = sbx.files.watch_dir("/home/user/watched")
+        sbx.files.write("/home/user/watched/a.txt", "x")
+        sbx.files.remove("/home/user/watched/a.txt")
+        seen: list[tuple[str, FilesystemEventType]] = []
+        deadline = time.monotonic() + 30
+        while ("a.txt", FilesystemEventType.REMOVE) not in seen:
+            assert time.monotonic() < deadline, seen
+            seen += [(event.name, event.type) for event in handle.get_new_events()]
+            time.sleep(0.05)
+        assert seen[0] == ("a.txt", FilesystemEventType.CREATE)
+        handle.stop()
+    finally:
+        sbx.kill()
+
+    async def scenario() -> list[tuple[str, FilesystemEventType]]:
+        got: list[tuple[str, FilesystemEventType]] = []
+        arrived = asyncio.Event()
+
+        def on_event(event: object) -> None:
+            got.append((event.name, event.type))  # type: ignore[attr-defined]
+            if event.type == FilesystemEventType.CREATE:  # type: ignore[attr-defined]
+                arrived.set()
+
+        asbx = await AsyncSandbox.create(**wire.opts())
+        try:
+            await asbx.files.make_dir("/home/user/deep/er")
+            watch = await asbx.files.watch_dir("/home/user/deep", on_event, recursive=True)
+            await asbx.files.write("/home/user/deep/er/b.txt", "y")
+            await asyncio.wait_for(arrived.wait(), 30)
+            await watch.stop()
+        finally:
+            await asbx.kill()
+        return got
+
+    assert ("er/b.txt", FilesystemEventType.CREATE) in asyncio.run(scenario())

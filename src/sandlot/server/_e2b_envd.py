@@ -11,11 +11,14 @@ The sandbox each call acts on was resolved and leased by
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import functools
 import posixpath
+import secrets
 import shlex
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, NoReturn
 
 from connectrpc.code import Code
@@ -27,7 +30,7 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 from starlette.types import ASGIApp
 
 import sandlot
-from sandlot import EntryInfo, FileType
+from sandlot import EntryInfo, FileType, SandlotError
 from sandlot.server._e2b_plane import CONNECT_SERVICES, Target, current
 from sandlot.server._manager import ApiError
 
@@ -59,6 +62,7 @@ _CODES: tuple[tuple[type[BaseException], Code], ...] = (
     (sandlot.NotFoundError, Code.NOT_FOUND),
     (sandlot.ProcessNotFoundError, Code.NOT_FOUND),
     (sandlot.ProcessLimitError, Code.RESOURCE_EXHAUSTED),
+    (sandlot.WatchLimitError, Code.RESOURCE_EXHAUSTED),
     (sandlot.ContextNotFoundError, Code.NOT_FOUND),
     (sandlot.PathNotAllowedError, Code.PERMISSION_DENIED),
     (sandlot.InvalidArgumentError, Code.INVALID_ARGUMENT),
@@ -172,18 +176,91 @@ class FilesystemService(filesystem_connect.Filesystem):
                 raise
         return filesystem_pb.RemoveResponse()
 
+    def __init__(self) -> None:
+        # The polling watchers (CreateWatcher...): id -> (sandbox id, watch). Each
+        # sandbox's runner caps its watches; entries of ended sandboxes are dropped.
+        self._watchers: dict[str, tuple[str, sandlot.WatchHandle]] = {}
+        self._lock = threading.Lock()
+
     async def watch_dir(self, request: Any, ctx: Any) -> AsyncIterator[Any]:
-        _unimplemented("files.watch_dir", "watch a directory by polling files.list")
-        yield  # an async generator, as the stub's server-streaming endpoint expects
+        target = _target()
+        handle = await _call(
+            functools.partial(
+                target.entry.sandbox.files.watch_dir, request.path, recursive=request.recursive
+            )
+        )
+        start = filesystem_pb.WatchDirResponse.StartEvent()
+        try:
+            yield filesystem_pb.WatchDirResponse(event=_oneof("start", start))
+            # Polled: the handle keeps a bounded backlog (then an overflow marker), so a
+            # slow client costs the server nothing more.
+            while handle.running:
+                for event in _fs_events(handle.get_new_events()):
+                    yield filesystem_pb.WatchDirResponse(event=_oneof("filesystem", event))
+                await asyncio.sleep(WATCH_POLL)
+        finally:
+            await run_blocking(target, handle.stop)
 
     async def create_watcher(self, request: Any, ctx: Any) -> Any:
-        _unimplemented("files.watch_dir", "watch a directory by polling files.list")
+        target = _target()
+        self._prune(target)
+        handle = await _call(
+            functools.partial(
+                target.entry.sandbox.files.watch_dir, request.path, recursive=request.recursive
+            )
+        )
+        watcher_id = secrets.token_hex(12)
+        with self._lock:
+            self._watchers[watcher_id] = (target.entry.sandbox_id, handle)
+        return filesystem_pb.CreateWatcherResponse(watcher_id=watcher_id)
 
     async def get_watcher_events(self, request: Any, ctx: Any) -> Any:
-        _unimplemented("files.watch_dir", "watch a directory by polling files.list")
+        handle = self._watcher(request.watcher_id)
+        try:
+            events = handle.get_new_events()
+        except SandlotError as exc:
+            raise _connect_error(exc) from None
+        return filesystem_pb.GetWatcherEventsResponse(events=list(_fs_events(events)))
 
     async def remove_watcher(self, request: Any, ctx: Any) -> Any:
-        _unimplemented("files.watch_dir", "watch a directory by polling files.list")
+        handle = self._watcher(request.watcher_id)
+        with self._lock:
+            self._watchers.pop(request.watcher_id, None)
+        await run_blocking(_target(), handle.stop)
+        return filesystem_pb.RemoveWatcherResponse()
+
+    def _watcher(self, watcher_id: str) -> sandlot.WatchHandle:
+        target = _target()
+        with self._lock:
+            found = self._watchers.get(watcher_id)
+        # Another sandbox's watcher is as unknown as one that never was.
+        if found is None or found[0] != target.entry.sandbox_id:
+            raise ConnectError(Code.NOT_FOUND, f"watcher {watcher_id!r} not found")
+        return found[1]
+
+    def _prune(self, target: Target) -> None:
+        live = {entry.sandbox_id for entry in target.state.manager.all()}
+        with self._lock:
+            gone = [
+                key for key, (sandbox_id, _) in self._watchers.items() if sandbox_id not in live
+            ]
+            handles = [self._watchers.pop(key)[1] for key in gone]
+        for handle in handles:
+            handle.stop()
+
+
+WATCH_POLL = 0.05
+"""Seconds between two looks at a streamed watch's new events."""
+
+_EVENT_TYPES = {"create": 1, "write": 2, "remove": 3, "rename": 4, "chmod": 5}
+"""sandlot's event types as envd's EventType (an ``overflow`` marker has none)."""
+
+
+def _fs_events(events: list[sandlot.FilesystemEvent]) -> Iterator[Any]:
+    for event in events:
+        kind = _EVENT_TYPES.get(event.type)
+        if kind is not None:
+            yield filesystem_pb.FilesystemEvent(name=event.name, type=filesystem_pb.EventType(kind))
 
 
 def _check_not_cut(target: Target, result: Any) -> None:
