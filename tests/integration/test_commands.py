@@ -181,8 +181,21 @@ def test_output_is_capped_as_for_cells(make_sandbox: Callable[..., Sandbox]) -> 
     assert "output truncated" in result.stderr
 
 
+def _gvisor(sbx: Sandbox) -> bool:
+    return getattr(getattr(sbx._core, "backend", None), "runtime", None) == "runsc"
+
+
+HOST_INVISIBLE = (
+    "gVisor: a runsc sandbox's processes live in its own kernel (the Sentry), not as host "
+    "processes, so the host cannot count them; the container's teardown is covered in "
+    "tests/docker"
+)
+
+
 def test_background_processes_die_with_the_sandbox(make_sandbox: Callable[..., Sandbox]) -> None:
     sbx = make_sandbox()
+    if _gvisor(sbx):
+        pytest.skip(HOST_INVISIBLE)
     marker = _marker()
     sbx.commands.run(f"sleep {marker} & sleep {marker}", background=True, timeout=0)
     _eventually(lambda: len(_host_pids(marker)) == 3, "the shell and sleepers on the host")
@@ -206,6 +219,8 @@ def test_bad_arguments_are_refused(sandbox: Sandbox) -> None:
 
 
 def test_a_terminal_runs_bash_and_resizes(sandbox: Sandbox) -> None:
+    if _gvisor(sandbox):
+        pytest.xfail("gVisor (runsc 20221219): the terminal's output does not reach the host")
     terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
     sandbox.pty.resize(terminal.pid, PtySize(rows=40, cols=100))
     sandbox.pty.send_stdin(terminal.pid, b"echo pty-$((6*7)); stty size; exit\n")
@@ -277,6 +292,8 @@ def test_large_stdin_through_a_process_that_echoes_it(
     # cat writes what it reads: its stdout must keep draining while the host is still
     # writing its stdin, or both sides wait for each other.
     sbx = make_sandbox()
+    if _gvisor(sbx):
+        pytest.xfail("gVisor (runsc 20221219): a system call of the stdin path is ENOSYS")
     handle = sbx.commands.run("cat", background=True, stdin=True)
     # 960 KiB (output_bytes is 1 MiB): far beyond a pipe's buffer; in remote mode, more
     # than one request's worth.
@@ -302,6 +319,8 @@ def test_a_background_fork_bomb_stays_within_pids_and_is_killed(
     make_sandbox: Callable[..., Sandbox],
 ) -> None:
     sbx = make_sandbox(resources={"pids": 64})
+    if _gvisor(sbx):
+        pytest.skip(HOST_INVISIBLE)
     marker = _marker()
     bomb = sbx.commands.run(f"exec python3 -c '{FORK_BOMB}' {marker}", background=True)
     # Counted from the host: with the pids limit used up, a cell cannot start its work.
