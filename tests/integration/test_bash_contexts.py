@@ -2,7 +2,8 @@
 
 Variables, exports, arrays, functions, aliases and the working directory carry over from
 cell to cell; per-call ``envs`` do not; a failing, exiting or timed-out cell ends only
-that cell (a timeout that has to replace the kernel starts its state afresh); Python cells of the same sandbox are untouched.
+that cell (a timeout that has to replace the kernel starts its state afresh); Python
+cells of the same sandbox are untouched.
 """
 
 from __future__ import annotations
