@@ -485,11 +485,14 @@ class LocalCore:
         return LocalWatchStream(self, stream, rid)
 
 
-class LocalWatchStream:
-    """The events of one directory watch, from the runner (a ``WatchStream``)."""
+class _RunnerStream:
+    """A long-lived request's events (a watch, a background process): the state both
+    share, and :meth:`close`, which tells the runner to stop streaming (``STOP``)."""
 
     POLL = 0.25
     """Seconds between checks for :meth:`close` while no event arrives."""
+    STOP = ""
+    """The request that ends the runner's side of the stream."""
 
     def __init__(self, core: LocalCore, stream: EventStream, rid: str) -> None:
         self._core = core
@@ -497,6 +500,21 @@ class LocalWatchStream:
         self._rid = rid
         self._closed = threading.Event()
         self._ended = False
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if not self._ended:
+            with contextlib.suppress(SandlotError):
+                self._core.call({"type": self.STOP, "target": self._rid}, timeout=5)
+        self._stream.close()
+
+
+class LocalWatchStream(_RunnerStream):
+    """The events of one directory watch, from the runner (a ``WatchStream``)."""
+
+    STOP = "fs_watch_stop"
 
     def events(self) -> Iterator[FilesystemEvent]:
         try:
@@ -515,29 +533,16 @@ class LocalWatchStream:
             if self._closed.is_set() or self._ended:
                 self._stream.close()
 
-    def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        if not self._ended:
-            with contextlib.suppress(SandlotError):
-                self._core.call({"type": "fs_watch_stop", "target": self._rid}, timeout=5)
-        self._stream.close()
 
+class LocalProcessStream(_RunnerStream):
+    """The events of one background process, from the runner (a ``ProcessStream``).
+    Closing it detaches: the process runs on."""
 
-class LocalProcessStream:
-    """The events of one background process, from the runner (a ``ProcessStream``)."""
-
-    POLL = 0.25
-    """Seconds between checks for :meth:`close` while no event arrives."""
+    STOP = "process_detach"
 
     def __init__(self, core: LocalCore, stream: EventStream, rid: str, pid: int) -> None:
-        self._core = core
-        self._stream = stream
-        self._rid = rid
+        super().__init__(core, stream, rid)
         self._pid = pid
-        self._closed = threading.Event()
-        self._ended = False
         limit = core.spec.resources.output_bytes
         # The runner caps output at output_bytes; the host never trusts that count.
         self._room = None if limit is None else limit + OUTPUT_SLACK
@@ -584,16 +589,6 @@ class LocalProcessStream:
         finally:
             if self._closed.is_set() or self._ended:
                 self._stream.close()
-
-    def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        if not self._ended:
-            # Tell the runner to stop streaming to us; the process runs on.
-            with contextlib.suppress(SandlotError):
-                self._core.call({"type": "process_detach", "target": self._rid}, timeout=5)
-        self._stream.close()
 
 
 def _end_event(event: dict[str, Any]) -> ProcessEvent:
