@@ -396,7 +396,10 @@ class Sandbox:
     seconds, or when this process exits.
 
     :param template: the Python environment to run (built on first use).
-    :param backend: ``"auto"`` (strongest available), ``"bwrap"``, or a Backend.
+    :param backend: ``"auto"`` (the strongest available: bubblewrap, started from a
+        zygote that has the data stack imported; a process's first sandbox starts cold
+        while the zygote starts), ``"bwrap"`` (always cold), ``"zygote"``, ``"docker"``,
+        ``"podman"``, or a Backend.
     :param resources: limits (:class:`sandlot.Resources` or a dict of its fields).
     :param envs: environment variables for everything in the sandbox.
     :param timeout: seconds until the sandbox is killed; None for no limit.

@@ -120,8 +120,10 @@ def test_doctor_reports_layers() -> None:
     result = sandlot("doctor", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    # bwrap first ("auto" prefers it); container engines follow where they answer.
+    # bwrap first (the strongest); container engines follow where they answer. "auto"
+    # starts bwrap's sandboxes through its fast path, the zygote.
     assert report["backends_available"][0] == "bwrap"
+    assert report["auto"] == "zygote"
     names = {check["name"] for check in report["checks"]}
     assert {"backend bwrap", "backend docker", "backend podman", "cgroups", "seccomp"} <= names
     assert report["cgroup_version"] in ("v1", "v2", "hybrid", "none")

@@ -75,6 +75,7 @@ def test_sandlot_doctor_shows_a_declared_backend(tmp_path: Path) -> None:
     assert checks["plugin-test state"]["status"] == "ok"  # its checks()
     assert NAME in report["backends_available"]
     assert report["backends_available"][0] == "bwrap"  # "auto" still picks the strongest
+    assert report["auto"] == "zygote"  # (through its fast path)
     # Control: the same command without the declaration knows nothing of it.
     plain = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     if "PYTHONPATH" in os.environ:
@@ -118,7 +119,7 @@ def test_the_sdk_uses_it_by_name(tmp_path: Path) -> None:
     outcome = json.loads(result.stdout.splitlines()[-1])
     assert outcome["text"] == "42"
     assert _lines(env, "started") == [outcome["lease"]]
-    assert outcome["auto"] == "bwrap"
+    assert outcome["auto"] == "zygote"  # bubblewrap through its fast path, not the plug-in
     assert _leases(env) == []
 
 

@@ -14,7 +14,14 @@ import sys
 import pytest
 
 from sandlot._exceptions import InvalidArgumentError
-from sandlot.backends import BACKENDS, backend_names, get_backend, load_backend
+from sandlot.backends import (
+    BACKENDS,
+    Probe,
+    auto_choice,
+    backend_names,
+    get_backend,
+    load_backend,
+)
 from sandlot.backends.bwrap import BwrapBackend
 
 HEAVY = (
@@ -72,3 +79,35 @@ def test_an_unknown_name_is_a_typed_error_listing_the_known_ones() -> None:
     assert "no-such-backend" not in BACKENDS
     with pytest.raises(KeyError):
         BACKENDS["no-such-backend"]
+
+
+def _probes(**available: int) -> list[Probe]:
+    """A probe per built-in backend: those named available, with the given strength."""
+    names = ("bwrap", "docker", "podman", "zygote")
+    return [
+        Probe(n, n in available, "" if n in available else "absent", "", available.get(n, 0))
+        for n in names
+    ]
+
+
+def test_auto_starts_the_strongest_backend_through_its_fast_path() -> None:
+    # bubblewrap is the strongest; its fast path (the zygote) starts its sandboxes.
+    assert BwrapBackend.fast_path == "zygote"
+    assert auto_choice(_probes(bwrap=10, zygote=9, docker=5)) == "zygote"
+    # Strength decides which technology; the fast path is used only for that one.
+    assert auto_choice(_probes(zygote=9, docker=11)) == "docker"
+
+
+def test_auto_without_the_fast_path_takes_the_backend_itself() -> None:
+    assert auto_choice(_probes(bwrap=10, docker=5)) == "bwrap"
+    assert auto_choice(_probes(docker=5, podman=4)) == "docker"
+    assert auto_choice(_probes()) is None
+
+
+def test_auto_gives_the_zygote_a_first_start_that_does_not_wait() -> None:
+    # Named explicitly, the zygote backend waits for its zygote (callers that name it
+    # want forks); through "auto", a process's first sandbox starts cold instead.
+    zygote = load_backend("zygote")
+    assert zygote.for_auto().wait is False  # type: ignore[attr-defined]
+    assert zygote().wait is True  # type: ignore[attr-defined]
+    assert type(BwrapBackend.for_auto()) is BwrapBackend

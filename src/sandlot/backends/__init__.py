@@ -7,9 +7,10 @@ backend's module is imported only when that backend is asked for, so ``import
 sandlot`` loads none of them. A third-party entry point cannot take a built-in name
 (a package shadowing ``bwrap`` would silently change what "bwrap" isolates with).
 
-``"auto"`` picks the strongest backend whose probe passes and never falls back to
-running code unsandboxed: if none is available, :class:`sandlot.BackendUnavailable`
-lists each reason and fix.
+``"auto"`` picks the strongest backend whose probe passes and starts it through its
+:attr:`Backend.fast_path` when that one's probe passes too (bubblewrap through the
+zygote). It never falls back to running code unsandboxed: if none is available,
+:class:`sandlot.BackendUnavailable` lists each reason and fix.
 
 The CLI and the server reach every declared backend through this module only:
 :func:`probe_all` and :func:`check_all` for ``sandlot doctor``, :func:`cleanup_orphans`
@@ -57,6 +58,7 @@ __all__ = [
     "Probe",
     "RecoveryToken",
     "SandboxHandle",
+    "auto_choice",
     "backend_names",
     "check_all",
     "cleanup_orphans",
@@ -272,15 +274,15 @@ def get_backend(name: str | Backend = "auto", *, egress: EgressProxy | None = No
     if isinstance(name, Backend):
         return name
     if name == "auto":
-        probes = sorted(probe_all(), key=lambda p: p.strength, reverse=True)
-        for probe in probes:
-            if probe.available:
-                return _make(load_backend(probe.name), egress)
-        reasons = "; ".join(f"{p.name}: {p.reason} (fix: {p.fix})" for p in probes)
-        raise BackendUnavailable(
-            f"no isolation backend is available on this host, and sandlot never runs code "
-            f"unsandboxed. {reasons}. Run `sandlot doctor` for details."
-        )
+        probes = probe_all()
+        chosen = auto_choice(probes)
+        if chosen is None:
+            reasons = "; ".join(f"{p.name}: {p.reason} (fix: {p.fix})" for p in probes)
+            raise BackendUnavailable(
+                f"no isolation backend is available on this host, and sandlot never runs "
+                f"code unsandboxed. {reasons}. Run `sandlot doctor` for details."
+            )
+        return load_backend(chosen).for_auto(egress)
     backend = _make(load_backend(name), egress)
     probe = backend.probe()
     if not probe.available:
@@ -292,3 +294,16 @@ def _make(cls: type[Backend], egress: EgressProxy | None) -> Backend:
     factory: Any = cls  # every built-in backend takes ``egress=``; the ABC does not say so
     backend: Backend = factory() if egress is None else factory(egress=egress)
     return backend
+
+
+def auto_choice(probes: list[Probe]) -> str | None:
+    """The backend ``"auto"`` starts sandboxes with, given every backend's probe: the
+    strongest available one, or its :attr:`Backend.fast_path` when that one is
+    available too; None when nothing is available.
+    """
+    available = {probe.name: probe for probe in probes if probe.available}
+    if not available:
+        return None
+    strongest = max(available.values(), key=lambda p: p.strength).name
+    fast = load_backend(strongest).fast_path
+    return fast if fast in available else strongest

@@ -33,10 +33,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sandlot._models import NetworkEvent, ResourceUsage
 from sandlot.policy import SandboxSpec
+
+if TYPE_CHECKING:
+    from sandlot.egress import EgressProxy
 
 Event = dict[str, Any]
 """One decoded, validated protocol message from the runner."""
@@ -79,7 +82,8 @@ class Probe:
     reason: str = ""
     fix: str = ""
     strength: int = 0
-    """Higher is stronger isolation; ``Sandbox(backend="auto")`` picks the strongest."""
+    """Higher is stronger isolation; ``Sandbox(backend="auto")`` picks the strongest
+    (then starts it through its :attr:`Backend.fast_path`, if any)."""
     details: dict[str, str] = field(default_factory=dict)
     """Per-layer findings for ``sandlot doctor`` (layer -> what was found)."""
 
@@ -146,6 +150,23 @@ class Backend(ABC):
     """Starts sandboxes of one isolation technology."""
 
     name: str = ""
+
+    fast_path: ClassVar[str] = ""
+    """The name of the backend that ``"auto"`` starts this one's sandboxes through when
+    it picks this one and that backend's probe passes: the same isolation technology,
+    started faster (bubblewrap's is ``"zygote"``). Named here, on the backend being
+    sped up, so that no installed package can redirect ``"auto"``. Empty: none."""
+
+    @classmethod
+    def for_auto(cls, egress: EgressProxy | None = None) -> Backend:
+        """The instance ``"auto"`` uses when it picks this backend (directly or as
+        another's :attr:`fast_path`); a backend named explicitly is constructed as
+        ``cls(egress=egress)``. Default: the same; a backend may tune it for callers
+        that named no backend (the zygote's first sandbox starts cold, not waiting
+        for the zygote)."""
+        factory: Any = cls  # every built-in backend takes ``egress=``; the ABC does not say so
+        backend: Backend = factory() if egress is None else factory(egress=egress)
+        return backend
 
     @classmethod
     @abstractmethod

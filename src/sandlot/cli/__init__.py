@@ -250,7 +250,7 @@ def doctor(as_json: bool) -> None:
         click.echo("")
         usable = report["backends_available"]
         if usable:
-            click.echo(f"usable backends: {', '.join(usable)} (auto picks {usable[0]})")
+            click.echo(f"usable backends: {', '.join(usable)} (auto picks {report['auto']})")
         else:
             click.echo("no usable backend: sandlot will refuse to run code on this host")
     if not report["backends_available"]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 from typing import Any
 
-from sandlot.backends import Finding, check_all, host, probe_all
+from sandlot.backends import Finding, auto_choice, check_all, host, probe_all
 from sandlot.templates import DEFAULT_TEMPLATE, cache_dir, find_template
 
 
@@ -70,5 +70,6 @@ def doctor_report() -> dict[str, Any]:
     return {
         "checks": [finding.as_dict() for finding in findings],
         "backends_available": available,
+        "auto": auto_choice(probes),
         "cgroup_version": version,
     }

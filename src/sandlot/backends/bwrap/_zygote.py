@@ -44,6 +44,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -233,12 +234,21 @@ class Zygote:
         self._pending = 0
         """Forks requested whose process is not in :attr:`_forks` yet (each holds a share)."""
         self._ids = 0
+        self._closed = False
+        self._starting: socket.socket | None = None
+        """The control socket while :meth:`_start` waits for the zygote's ``ready``
+        (so that :meth:`close` can cut the wait short)."""
         self.vm_bytes = 0
         """The zygote's address space size, which each forked process starts with."""
 
     @property
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close(final=True)`` ran: the zygote will not start again."""
+        return self._closed
 
     def start(self) -> None:
         """Start the zygote now, if it is not running (:meth:`spawn` does so on first
@@ -249,6 +259,8 @@ class Zygote:
                 self._start()
 
     def _start(self) -> None:
+        if self._closed:
+            raise SandboxStartError("the zygote was stopped (sandlot is shutting down)")
         bwrap = bwrap_path()
         assert bwrap is not None
         template = ensure_template(self.template, progress=say)
@@ -292,13 +304,18 @@ class Zygote:
             assert process.stderr is not None
             tail = StderrTail(process.stderr)
             control.settimeout(ZYGOTE_START_TIMEOUT)
+            self._starting = control
             try:
+                if self._closed:  # close(final=True) ran before it could see the socket
+                    raise OSError("stopped while starting")
                 control.send(json.dumps({"type": "configure", "preload": self.preload}).encode())
                 ready = json.loads(control.recv(65536) or b"{}")
             except (OSError, ValueError) as exc:
                 raise SandboxStartError(
                     f"the zygote did not become ready ({exc}): {tail()}"
                 ) from exc
+            finally:
+                self._starting = None
             self.vm_bytes = int(ready.get("vm_bytes") or 0)
             if ready.get("type") != "ready" or ready.get("version") != PROTOCOL_VERSION:
                 raise SandboxStartError(f"the zygote did not start: {ready!r} {tail()}")
@@ -429,9 +446,19 @@ class Zygote:
         self._host_ids = None
         self._forks = []
 
-    def close(self) -> None:
+    def close(self, *, final: bool = False) -> None:
         """Kill the zygote, and with it every sandbox it made (they live in its pid
-        namespace)."""
+        namespace). The next spawn starts it again, unless ``final`` (the process is
+        exiting: a background start that has not begun must not begin).
+
+        A start under way (a zygote importing the data stack in the background) is cut
+        short rather than waited for, so a process exits promptly."""
+        if final:
+            self._closed = True
+        starting = self._starting
+        if starting is not None:
+            with contextlib.suppress(OSError):
+                starting.shutdown(socket.SHUT_RDWR)  # its recv() returns; _start cleans up
         with self._lock:
             self._stop()
 
@@ -470,6 +497,13 @@ rather than cold starts: 32 zygotes of 15 shares is 480 fast sandboxes at once."
 _ZYGOTES: dict[tuple[Any, ...], list[Zygote]] = {}
 _GROWING: set[tuple[Any, ...]] = set()
 """Keys whose next zygote is starting in the background."""
+_STARTING: set[Zygote] = set()
+"""Zygotes being started in the background for :class:`ZygoteBackend` ``wait=False``."""
+_FAILED_AT: dict[tuple[Any, ...], float] = {}
+"""When a background start for a key last failed (``time.monotonic()``)."""
+RETRY_AFTER = 60.0
+"""Seconds after a failed background start before the next sandbox tries again (each
+try costs a second of CPU; sandboxes start cold meanwhile, behind the same boundary)."""
 _ZYGOTES_LOCK = threading.Lock()
 
 
@@ -521,6 +555,33 @@ def _grow(template: str, preload: tuple[str, ...]) -> None:
     threading.Thread(target=start, name="sandlot-zygote-grow", daemon=True).start()
 
 
+def _start_soon(zygote: Zygote) -> None:
+    """Start ``zygote`` in the background, unless it is starting already or a start for
+    its key failed less than :data:`RETRY_AFTER` seconds ago."""
+    key = (zygote.template, zygote.preload)
+    with _ZYGOTES_LOCK:
+        failed_at = _FAILED_AT.get(key)
+        if zygote in _STARTING or (
+            failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER
+        ):
+            return
+        _STARTING.add(zygote)
+
+    def start() -> None:
+        try:
+            zygote.start()
+        except Exception:
+            if not zygote.closed:
+                log.warning("could not start the zygote for %s", zygote.template, exc_info=True)
+                with _ZYGOTES_LOCK:
+                    _FAILED_AT[key] = time.monotonic()
+        finally:
+            with _ZYGOTES_LOCK:
+                _STARTING.discard(zygote)
+
+    threading.Thread(target=start, name="sandlot-zygote-start", daemon=True).start()
+
+
 @atexit.register
 def close_all() -> None:
     """Stop every zygote of this process (and so every sandbox they made)."""
@@ -528,7 +589,7 @@ def close_all() -> None:
         zygotes = [zygote for group in _ZYGOTES.values() for zygote in group]
         _ZYGOTES.clear()
     for zygote in zygotes:
-        zygote.close()
+        zygote.close(final=True)
 
 
 class ZygoteBackend(Backend):
@@ -538,19 +599,32 @@ class ZygoteBackend(Backend):
     name = "zygote"
 
     def __init__(
-        self, *, preload: tuple[str, ...] = DATA_STACK, egress: EgressProxy | None = None
+        self,
+        *,
+        preload: tuple[str, ...] = DATA_STACK,
+        egress: EgressProxy | None = None,
+        wait: bool = True,
     ) -> None:
         """``preload``: what the zygote imports for every sandbox (when the spec names
         none of its own). ``egress``: the proxy of sandboxes with a network policy (they
-        start cold; default: the process-wide one)."""
+        start cold; default: the process-wide one). ``wait``: while no zygote for the
+        template runs yet, wait for one to start (about a second: it imports the data
+        stack), or, if False, start one in the background and start this sandbox cold
+        (what ``"auto"`` does: a process's first sandbox is no slower than a cold one)."""
         self.preload = tuple(preload)
+        self.wait = wait
         self._cold = BwrapBackend(egress=egress)
+
+    @classmethod
+    def for_auto(cls, egress: EgressProxy | None = None) -> Backend:
+        return cls(egress=egress, wait=False)
 
     @classmethod
     def probe(cls) -> Probe:
         probe = probe_host()
-        # Weaker than cold bwrap by design (its sandboxes share the zygote's user
-        # namespace), so "auto" never picks it; ask for it by name.
+        # Weaker than cold bwrap by design (SECURITY.md: siblings share the zygote's
+        # host uid, address-space layout and stack canary), so "auto" never picks it
+        # over bwrap on strength; bwrap names it as its fast path instead.
         return Probe("zygote", probe.available, probe.reason, probe.fix, 9, probe.details)
 
     # The same host layers and leftovers as a cold bwrap sandbox: its cgroups, and a
@@ -576,7 +650,17 @@ class ZygoteBackend(Backend):
         if spec.network.enabled or spec.unsafe_best_effort_limits:
             return self._cold.start(spec)
         preload = tuple(spec.preload) or self.preload
-        for zygote in zygotes_for(spec.template, preload):
+        zygotes = zygotes_for(spec.template, preload)
+        if not self.wait:
+            running = [zygote for zygote in zygotes if zygote.alive]
+            if not running:
+                # Cold now, and the zygote for the next ones after that: started
+                # together they would share the CPU and both be late.
+                handle = self._cold.start(spec)
+                _start_soon(zygotes[0])
+                return handle
+            zygotes = running
+        for zygote in zygotes:
             try:
                 return zygote.spawn(spec)
             except _ZygoteFull as full:
