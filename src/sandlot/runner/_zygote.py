@@ -395,9 +395,16 @@ def _child(
     """The sandbox's pid 1, just forked into its new pid namespace: the other new
     namespaces, then :func:`_sandbox_init`."""
     _close_all_but({0, 1, 2, channel_fd})
+    sock = socket.socket(fileno=channel_fd)
+    # Who we are, in credentials the kernel checks and translates into the host's pid
+    # namespace. Sent first: the host moves that pid into the sandbox's cgroup (which
+    # can wait for the kernel's cgroup lock) while the namespaces below are set up, and
+    # sends the configuration only once it has.
+    ucred = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
+    sock.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, ucred)])
     try:
         _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-        return _sandbox_init(channel_fd, mounts, hostname, program, quotas)
+        return _sandbox_init(sock, mounts, hostname, program, quotas)
     except SetupFailed as exc:
         os.write(2, ("sandlot zygote: cannot isolate the sandbox: %s\n" % exc).encode())
         return 70
@@ -412,7 +419,7 @@ def _close_all_but(keep: "set[int]") -> None:
 
 
 def _sandbox_init(
-    channel_fd: int,
+    sock: socket.socket,
     mounts: List[Any],
     hostname: str,
     program: bytes,
@@ -455,11 +462,6 @@ def _sandbox_init(
         _own_user_namespace(sysctl_fd, quotas)
     finally:
         os.close(sysctl_fd)
-    sock = socket.socket(fileno=channel_fd)
-    # Who we are, in credentials the kernel checks and translates into the host's pid
-    # namespace; the host moves that pid into the sandbox's cgroup, then configures us.
-    ucred = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
-    sock.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, ucred)])
     from sandlot.runner import _supervisor
 
     reader = sock.makefile("rb")
@@ -470,7 +472,7 @@ def _sandbox_init(
     # the configuration: /proc/self/cgroup then says "/", as in a cold sandbox.
     _check(_libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
     _drop_privileges(program)
-    set_cmdline([*_COMMAND, "supervisor", "--fd", str(channel_fd)])
+    set_cmdline([*_COMMAND, "supervisor", "--fd", str(sock.fileno())])
     return _supervisor.run(sock, reader, config, fork_kernel=True)
 
 
