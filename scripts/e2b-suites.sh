@@ -11,11 +11,12 @@
 # packages installed next to sandlot (PYTHON, default: python3 on PATH); the suites'
 # test-only plugins (pytest-asyncio) go into an overlay venv in WORK_DIR, so that
 # environment is left as it was. Results: WORK_DIR/*.log and a summary on stdout.
+# PYTEST_K="watch or charts" runs only the tests that pytest's -k expression selects.
 # docs/e2b.md says which tests are expected to fail, and why.
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 CI_REPO=$1
@@ -80,7 +81,8 @@ run() { # NAME DIR PATHS...
     shift 2
     echo "==> $name"
     (cd "$dir" && nice "$VPY" -m pytest -p no:cacheprovider -o addopts=--import-mode=importlib \
-        -n "$WORKERS" --timeout="$TIMEOUT" -q -rfE "$@" >"$WORK/$name.log" 2>&1) || true
+        -n "$WORKERS" --timeout="$TIMEOUT" -q -rfE ${PYTEST_K:+-k "$PYTEST_K"} "$@" \
+        >"$WORK/$name.log" 2>&1) || true
     tail -1 "$WORK/$name.log"
 }
 run code-interpreter "$WORK/ci" tests

@@ -72,6 +72,36 @@ def _until(
     return seen
 
 
+def test_writing_a_new_file_is_create_chmod_write_as_on_e2b(sandbox: Sandbox) -> None:
+    # E2B's envd claims every uploaded file for the user (a chown), and E2B code counts
+    # on the three events that makes; files.write does the same.
+    path = _dir(sandbox)
+    handle = sandbox.files.watch_dir(path)
+    try:
+        sandbox.files.write(f"{path}/new.txt", "x")
+        seen = _until(handle, lambda s: ("write", "new.txt") in s)
+    finally:
+        handle.stop()
+    assert seen == [("create", "new.txt"), ("chmod", "new.txt"), ("write", "new.txt")]
+
+
+def test_a_write_right_after_make_dir_is_not_lost(sandbox: Sandbox) -> None:
+    # A recursive watch must watch a directory that files.make_dir made before the
+    # call returns: E2B code writes into it at once, and a write before the watch is
+    # added is never reported. Repeated: without the guarantee this is a race, which
+    # a single try could win.
+    path = _dir(sandbox)
+    handle = sandbox.files.watch_dir(path, recursive=True)
+    try:
+        for n in range(20):
+            sandbox.files.make_dir(f"{path}/n{n}")
+            sandbox.files.write(f"{path}/n{n}/f.txt", "x")
+        wanted = {("write", f"n{n}/f.txt") for n in range(20)}
+        _until(handle, lambda s: wanted <= set(s))
+    finally:
+        handle.stop()
+
+
 def test_create_write_rename_chmod_remove_arrive_in_order(sandbox: Sandbox) -> None:
     path = _dir(sandbox)
     handle = sandbox.files.watch_dir(path)

@@ -304,6 +304,12 @@ class Files:
             os.close(fd)
             place.close()
             raise PathRefused("%s is not a regular file" % place.shown)
+        if not append:
+            # The file is the sandbox user's anyway; saying so again is what E2B's envd
+            # does on every upload, so a directory watcher sees the same events there
+            # and here (a new file: create, chmod, write). Not ours: left as it is.
+            with contextlib.suppress(OSError):
+                os.fchown(fd, os.getuid(), os.getgid())
         os.set_blocking(fd, True)
         return place.fd, fd, place.shown
 

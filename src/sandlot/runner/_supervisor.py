@@ -371,12 +371,11 @@ class Supervisor:
             self.fail(request["id"], "InvalidArgumentError", "fs_write data is not base64")
             return
         limit = request.get("max_bytes")
-        self.reply(
-            request["id"],
-            self.files.write(
-                request["path"], data, request["append"], limit if isinstance(limit, int) else None
-            ),
+        written = self.files.write(
+            request["path"], data, request["append"], limit if isinstance(limit, int) else None
         )
+        self.watches.settle()  # watchers see the change before the caller hears it is done
+        self.reply(request["id"], written)
 
     def on_fs_list(self, request: Dict[str, Any]) -> None:
         self.reply(request["id"], self.files.list(request["path"], int(request["depth"])))
@@ -386,13 +385,18 @@ class Supervisor:
 
     def on_fs_remove(self, request: Dict[str, Any]) -> None:
         self.files.remove(request["path"])
+        self.watches.settle()
         self.reply(request["id"])
 
     def on_fs_mkdir(self, request: Dict[str, Any]) -> None:
-        self.reply(request["id"], self.files.make_dir(request["path"]))
+        made = self.files.make_dir(request["path"])
+        self.watches.settle()
+        self.reply(request["id"], made)
 
     def on_fs_rename(self, request: Dict[str, Any]) -> None:
-        self.reply(request["id"], self.files.rename(request["src"], request["dst"]))
+        renamed = self.files.rename(request["src"], request["dst"])
+        self.watches.settle()
+        self.reply(request["id"], renamed)
 
     def on_fs_watch(self, request: Dict[str, Any]) -> None:
         self.watches.start(request)

@@ -78,6 +78,10 @@ KINDS: Tuple[Tuple[int, str], ...] = (
 )
 
 
+SETTLE_READS = 16
+"""Reads of queued events (64 KiB each) a files operation forwards itself, at most."""
+
+
 class Host(Protocol):
     """What this module needs of the supervisor."""
 
@@ -137,6 +141,10 @@ class Watch:
         """wd -> (descriptor of the directory, its path relative to the watched one)."""
         self.released = threading.Event()
         """Set once the watch has closed its descriptors and left the table."""
+        self.reading = threading.Lock()
+        """Held while events are read and forwarded: by this watch's thread, or by
+        :meth:`settle` on the thread of a files operation."""
+        self.ended = False
 
     def add(self, dir_fd: int, relative: str) -> None:
         """Watch the directory open as ``dir_fd`` (taken over: closed with the watch)."""
@@ -201,10 +209,42 @@ class Watch:
         ready, _, _ = select.select([self.fd, self.stop_r], [], [])
         if self.stop_r in ready:
             return False
+        with self.reading:
+            return self._forward()
+
+    def settle(self) -> None:
+        """Forward every event queued so far, now, on the calling thread: what a files
+        operation just did is then reported (and a new subdirectory of a recursive
+        watch watched) before the operation answers."""
+        with self.reading:
+            for _ in range(SETTLE_READS):  # what is left goes out from the watch's thread
+                if self.ended:
+                    return
+                try:
+                    data = os.read(self.fd, 65536)
+                except BlockingIOError:
+                    return
+                if not self._handle(data):
+                    self.ended = True
+                    self.stop()
+                    return
+
+    def _forward(self) -> bool:
+        """Read and forward what is queued (nothing if nothing is); False once the
+        watch ends. Called with :attr:`reading` held."""
+        if self.ended:
+            return False
         try:
             data = os.read(self.fd, 65536)
         except BlockingIOError:
             return True
+        if not self._handle(data):
+            self.ended = True
+            return False
+        return True
+
+    def _handle(self, data: bytes) -> bool:
+        """Forward the events in ``data``; False once the watch ends."""
         last: Optional[Tuple[str, str]] = None
         offset = 0
         while offset + HEADER.size <= len(data):
@@ -264,6 +304,11 @@ class Watch:
             os.write(self.stop_w, b"x")
 
     def close(self) -> None:
+        with self.reading:  # not while settle() reads: its descriptors are closed here
+            self.ended = True
+            self._close()
+
+    def _close(self) -> None:
         for dir_fd, _ in self.dirs.values():
             os.close(dir_fd)
             self.table.give()
@@ -297,6 +342,14 @@ class Watches:
     def done(self, watch: Watch) -> None:
         with self.lock:
             self.streams.pop(watch.rid, None)
+
+    def settle(self) -> None:
+        """Forward every watch's queued events now (:meth:`Watch.settle`): called after
+        each files operation that changes something, before it answers."""
+        with self.lock:
+            live = [watch for watch in self.streams.values() if watch is not None]
+        for watch in live:
+            watch.settle()
 
     def start(self, request: Dict[str, Any]) -> None:
         rid = request["id"]
