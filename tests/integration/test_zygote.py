@@ -364,3 +364,46 @@ def test_a_full_zygote_gets_a_sibling_zygote_instead_of_cold_starts(
             sbx.kill()
         for zygote in _zygote.zygotes_for("python-data", preload):
             zygote.close()
+
+
+def test_an_idle_extra_zygote_is_stopped_and_a_busy_one_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Extra zygotes (60 MiB each) are stopped once none of their sandboxes runs and
+    # they forked none for RETIRE_AFTER seconds (0 here); the key's first one stays.
+    import dataclasses
+
+    from sandlot.backends.bwrap import _zygote
+
+    real = _zygote.shares
+    monkeypatch.setattr(
+        _zygote, "shares", lambda raise_limits: dataclasses.replace(real(raise_limits), sandboxes=2)
+    )
+    preload = ("json", "fractions")
+    backend = _zygote.ZygoteBackend(preload=preload)
+    started: list[Sandbox] = []
+    try:
+        started += [Sandbox(backend=backend, timeout=TIMEOUT) for _ in range(3)]  # 2 + 1 cold
+        deadline = time.monotonic() + 120
+        while len(_zygote.zygotes_for("python-data", preload)) < 2:
+            assert time.monotonic() < deadline, "no second zygote within 120 s"
+            time.sleep(0.1)
+        first, second = _zygote.zygotes_for("python-data", preload)
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))  # from the second
+        monkeypatch.setattr(_zygote, "RETIRE_AFTER", 0.0)
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))  # busy: kept, forks again
+        assert _zygote.zygotes_for("python-data", preload) == [first, second]
+        assert _forked(started[-1]) and _forked(started[-2])
+        pid = second._process.pid  # type: ignore[union-attr]
+        for sbx in started[-2:]:
+            sbx.kill()
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        assert _zygote.zygotes_for("python-data", preload) == [first]
+        assert not Path(f"/proc/{pid}").exists()  # stopped (and reaped), not just dropped
+        assert first.alive
+        assert started[-1].run_code("6 * 7").text == "42"
+    finally:
+        for sbx in started:
+            sbx.kill()
+        for zygote in _zygote.zygotes_for("python-data", preload):
+            zygote.close()

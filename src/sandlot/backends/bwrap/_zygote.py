@@ -235,6 +235,8 @@ class Zygote:
         """Forks requested whose process is not in :attr:`_forks` yet (each holds a share)."""
         self._ids = 0
         self._closed = False
+        self._retired = False
+        self._last_spawn = time.monotonic()
         self._starting: socket.socket | None = None
         """The control socket while :meth:`_start` waits for the zygote's ``ready``
         (so that :meth:`close` can cut the wait short)."""
@@ -380,6 +382,8 @@ class Zygote:
             [HOME, _bytes(r.disk_mb), "0755"],
         ]
         with self._lock:
+            if self._retired:
+                raise _ZygoteFull  # retired meanwhile (idle): another one, or cold
             if not self.alive:
                 self._stop()
                 self._start()
@@ -396,6 +400,7 @@ class Zygote:
                     raise _ZygoteFull
             self._pending += 1  # spawn() gives it back once the fork is counted or failed
             self._ids += 1
+            self._last_spawn = time.monotonic()
             request = {
                 "type": "spawn",
                 "id": self._ids,
@@ -446,6 +451,26 @@ class Zygote:
         self._host_ids = None
         self._forks = []
 
+    def retire_if_idle(self, idle_for: float) -> bool:
+        """Stop this zygote if none of its sandboxes runs, none is being forked, and it
+        forked none for ``idle_for`` seconds; True if it was stopped. A spawn that
+        finds it retired moves on to another zygote (or starts cold)."""
+        if not self._lock.acquire(blocking=False):
+            return False  # forking right now: not idle (and no caller should wait here)
+        try:
+            if self._retired:
+                return True
+            if self._pending or time.monotonic() - self._last_spawn < idle_for:
+                return False
+            self._forks = [fork for fork in self._forks if fork.running()]
+            if self._forks:
+                return False
+            self._retired = True
+            self._stop()
+        finally:
+            self._lock.release()
+        return True
+
     def close(self, *, final: bool = False) -> None:
         """Kill the zygote, and with it every sandbox it made (they live in its pid
         namespace). The next spawn starts it again, unless ``final`` (the process is
@@ -488,11 +513,17 @@ def _sandbox_pid(sock: socket.socket) -> int:
     )
 
 
-MAX_ZYGOTES = 32
+MAX_ZYGOTES = 96
 """Zygotes per template and preload in one process. Each forks at most its
 :func:`shares` of live sandboxes (its own host uid's per-user quotas, split), so a
 process that keeps more sandboxes alive gets another zygote, with a uid of its own,
-rather than cold starts: 32 zygotes of 15 shares is 480 fast sandboxes at once."""
+rather than cold starts: 96 zygotes of 15 shares is 1,440 fast sandboxes at once. Each
+costs about 60 MiB (its imported data stack); all but the first of a key are stopped
+once idle for :data:`RETIRE_AFTER` seconds."""
+
+RETIRE_AFTER = 120.0
+"""Seconds a zygote other than its key's first may go without sandboxes (none running,
+none forked) before it is stopped; the next peak grows the key again."""
 
 _ZYGOTES: dict[tuple[Any, ...], list[Zygote]] = {}
 _GROWING: set[tuple[Any, ...]] = set()
@@ -553,6 +584,19 @@ def _grow(template: str, preload: tuple[str, ...]) -> None:
         zygote.close()  # close_all() ran meanwhile, or the key filled up
 
     threading.Thread(target=start, name="sandlot-zygote-grow", daemon=True).start()
+
+
+def _retire_idle(template: str, preload: tuple[str, ...]) -> None:
+    """Stop the key's extra zygotes that have been idle for :data:`RETIRE_AFTER`."""
+    key = (template, preload)
+    with _ZYGOTES_LOCK:
+        extra = list(_ZYGOTES.get(key, [])[1:])
+    retired = [zygote for zygote in extra if zygote.retire_if_idle(RETIRE_AFTER)]
+    if retired:
+        with _ZYGOTES_LOCK:
+            group = _ZYGOTES.get(key)
+            if group is not None:
+                group[:] = [zygote for zygote in group if zygote not in retired]
 
 
 def _start_soon(zygote: Zygote) -> None:
@@ -650,6 +694,7 @@ class ZygoteBackend(Backend):
         if spec.network.enabled or spec.unsafe_best_effort_limits:
             return self._cold.start(spec)
         preload = tuple(spec.preload) or self.preload
+        _retire_idle(spec.template, preload)
         zygotes = zygotes_for(spec.template, preload)
         if not self.wait:
             running = [zygote for zygote in zygotes if zygote.alive]
