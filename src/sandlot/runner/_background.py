@@ -204,7 +204,11 @@ class Tracked:
                             self.pid,
                             len(view),
                         )
-                    select.select([], [fd], [], left)
+                    # poll(), not select(): the supervisor's descriptors may be past
+                    # select()'s 1024 (a watch holds one per directory).
+                    poller = select.poll()
+                    poller.register(fd, select.POLLOUT)
+                    poller.poll(int(left * 1000) + 1)
                 except OSError as exc:
                     return "cannot write to process %d: %s" % (self.pid, exc.strerror or exc)
         return None
@@ -476,9 +480,11 @@ def _pump(stream: Any, tracked: Tracked, kind: str) -> None:
 
 
 def _pump_pty(fd: int, tracked: Tracked) -> None:
+    poller = select.poll()  # not select(): the descriptor may be past its 1024
+    poller.register(fd, select.POLLIN)
     while True:
         try:
-            select.select([fd], [], [])
+            poller.poll()
             chunk = os.read(fd, 65536)
         except BlockingIOError:
             continue

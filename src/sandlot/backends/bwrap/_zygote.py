@@ -204,17 +204,25 @@ class _ForkedSandbox:
     def running(self) -> bool:
         """Still alive (when it has exited, every process of its pid namespace has too)."""
         if not self._exited:
-            ready, _, _ = select.select([self._pidfd], [], [], 0)
-            self._exited = bool(ready)
+            self._exited = _readable(self._pidfd, 0)
         return not self._exited
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._exited:
-            ready, _, _ = select.select([self._pidfd], [], [], timeout)
-            if not ready:
+            if not _readable(self._pidfd, timeout):
                 raise subprocess.TimeoutExpired(f"sandbox {self.pid}", timeout or 0)
             self._exited = True
         return -signal.SIGKILL
+
+
+def _readable(fd: int, timeout: float | None) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout`` seconds (None: no limit).
+
+    poll(), not select(): a process with a thousand sandboxes has descriptors past
+    select()'s 1024, which it refuses outright."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
 
 
 class Zygote:
