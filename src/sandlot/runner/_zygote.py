@@ -195,8 +195,13 @@ def main(argv: List[str]) -> int:
         vm_bytes = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     hello = {"type": "ready", "version": PROTOCOL_VERSION, "vm_bytes": vm_bytes}
     control.send(json.dumps(hello).encode())
+    # poll(), not select(): the control socket keeps the number it had in the host,
+    # which may be past select()'s 1024 in a process with many sandboxes.
+    poller = select.poll()
+    poller.register(control.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
     while True:
-        ready, _, _ = select.select([control.fileno(), wake_r], [], [], 5.0)
+        ready = [fd for fd, _ in poller.poll(5000)]
         _reap()
         if wake_r in ready:
             while True:
