@@ -19,13 +19,17 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Protocol, Set, Tuple
+import time
+from typing import Any, ContextManager, Dict, List, Optional, Protocol, Set, Tuple
 
 from sandlot.protocol import MAX_LINE_BYTES, encode
 from sandlot.runner import BOOTSTRAP
 from sandlot.runner._processes import Forked, Processes, set_cmdline, signal_all
 
 PR_SET_DUMPABLE = 4
+INLINE_BYTES = 16 * 1024
+"""Largest ``execute`` message the thread that read it sends to an idle kernel itself
+(:meth:`KernelProcess.try_begin`); it never waits for the kernel to read it."""
 
 
 class Host(Protocol):
@@ -40,6 +44,8 @@ class Host(Protocol):
     processes: Processes
 
     def send(self, message: Dict[str, Any]) -> None: ...
+
+    def batched(self) -> ContextManager[None]: ...
 
     def take_fork(self) -> bool: ...
 
@@ -144,6 +150,12 @@ class Cell:
         self.interrupted = False
         self.pending_exit: Optional[Tuple[Any, Any]] = None
         self.timeout = 0.0
+        self.deadline = 0.0
+        """``time.monotonic()`` at which the cell times out (set when it is sent)."""
+        self.unsent = b""
+        """The end of its ``execute`` message that the kernel has not taken yet."""
+        self.sock: Optional[socket.socket] = None
+        """The kernel socket ``unsent`` is for (a replaced kernel must not get it)."""
 
 
 class KernelProcess:
@@ -171,6 +183,10 @@ class KernelProcess:
         ours, theirs = socket.socketpair()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        # Our ends only (the kernel's stay blocking): a drain before a cell's exit is
+        # then one read a pipe, without switching modes around it.
+        os.set_blocking(out_r, False)
+        os.set_blocking(err_r, False)
         config = {
             "memory_mb": self.supervisor.config.get("memory_mb"),
             "rlimits": self.supervisor.config.get("rlimits") or {},
@@ -238,12 +254,13 @@ class KernelProcess:
                         sock_open = False
                         break
                     *lines, rest = data.split(b"\n")
-                    for line in lines:
-                        if not overlong:
-                            pending += line
-                            self.on_kernel_event(bytes(pending), out_r, err_r, open_pipes)
-                        pending = bytearray()
-                        overlong = False
+                    with self.supervisor.batched():  # a result and its exit: one write
+                        for line in lines:
+                            if not overlong:
+                                pending += line
+                                self.on_kernel_event(bytes(pending), out_r, err_r, open_pipes)
+                            pending = bytearray()
+                            overlong = False
                     if not overlong:
                         pending += rest
                     if len(pending) > MAX_LINE_BYTES:
@@ -265,6 +282,8 @@ class KernelProcess:
     def read_pipe(self, fd: int, kind: str, selector: Any, open_pipes: Set[int]) -> None:
         try:
             data = os.read(fd, 65536)
+        except BlockingIOError:
+            return  # drained meanwhile (by drain_pipes)
         except OSError:
             data = b""
         if not data:
@@ -277,21 +296,17 @@ class KernelProcess:
 
     def drain_pipes(self, open_pipes: Set[int]) -> None:
         """Forward whatever is already in the stdout/stderr pipes (before an exit)."""
-        for fd in list(open_pipes):
-            os.set_blocking(fd, False)
-            try:
-                while True:
-                    try:
-                        data = os.read(fd, 65536)
-                    except BlockingIOError:
-                        break
-                    if not data:
-                        break
-                    cell = self.cell
-                    if cell is not None:
-                        cell.budget.text(self.pipes[fd], data.decode("utf-8", "replace"))
-            finally:
-                os.set_blocking(fd, True)
+        for fd in list(open_pipes):  # non-blocking (see launch)
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:  # BlockingIOError: drained
+                    break
+                if not data:
+                    break
+                cell = self.cell
+                if cell is not None:
+                    cell.budget.text(self.pipes[fd], data.decode("utf-8", "replace"))
 
     def on_kernel_event(self, line: bytes, out_r: int, err_r: int, open_pipes: Set[int]) -> None:
         cell = self.cell
@@ -389,23 +404,82 @@ class KernelProcess:
 
     # --- requests ---------------------------------------------------------------------
     def execute(self, request: Dict[str, Any]) -> None:
-        with self.exec_lock:
-            cell = Cell(request["id"], OutputBudget(self.supervisor, request["id"]))
-            cell.timeout = float(request["timeout"])
-            self.cell = cell
-            message = {
+        """Run a cell to its end: wait for the kernel, send it, watch it."""
+        self.exec_lock.acquire()
+        try:
+            cell = self.begin(request)
+            data = self.message(request)
+            try:
+                with self.state_lock:
+                    self.sock.sendall(data)
+            except OSError:
+                pass  # the kernel died; its listener reports it and restarts it
+        except BaseException:
+            self.exec_lock.release()
+            raise
+        self.watch(cell)
+
+    def try_begin(self, request: Dict[str, Any]) -> Optional[Cell]:
+        """Start a cell only if that cannot block (the kernel idle, in place, and the
+        message small): the caller is the thread that reads the host channel. Then
+        :meth:`watch` (on another thread) must follow. None: nothing was done."""
+        data = self.message(request)
+        if len(data) > INLINE_BYTES or not self.exec_lock.acquire(blocking=False):
+            return None
+        try:
+            if not self.state_lock.acquire(blocking=False):  # being replaced
+                self.exec_lock.release()
+                return None
+            try:
+                cell = self.begin(request)
+                try:
+                    # Never waits: a kernel that does not read its socket (stopped,
+                    # or forging its cells' exits) leaves the rest to watch().
+                    sent = self.sock.send(data, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    sent = len(data)  # the kernel died; its listener reports it
+                cell.unsent, cell.sock = data[sent:], self.sock
+            finally:
+                self.state_lock.release()
+        except BaseException:
+            self.exec_lock.release()
+            raise
+        return cell
+
+    def begin(self, request: Dict[str, Any]) -> Cell:
+        """The cell of ``request``, made current (its clock starts); exec_lock held."""
+        cell = Cell(request["id"], OutputBudget(self.supervisor, request["id"]))
+        cell.timeout = float(request["timeout"])
+        cell.deadline = time.monotonic() + cell.timeout
+        self.cell = cell
+        return cell
+
+    @staticmethod
+    def message(request: Dict[str, Any]) -> bytes:
+        return encode(
+            {
                 "type": "execute",
                 "id": request["id"],
                 "code": request["code"],
                 "envs": request["envs"],
                 "silent": request.get("silent") is True,
             }
-            try:
-                with self.state_lock:
-                    self.sock.sendall(encode(message))
-            except OSError:
-                pass  # the kernel died; its listener reports it and restarts it
-            if cell.done.wait(cell.timeout):
+        )
+
+    def watch(self, cell: Cell) -> None:
+        """Enforce a begun cell's timeout until it ends, then release exec_lock."""
+        try:
+            if cell.unsent:
+                try:
+                    with self.state_lock:
+                        if self.sock is cell.sock:
+                            self.sock.sendall(cell.unsent)
+                except OSError:
+                    pass  # the kernel died; its listener reports it and restarts it
+                cell.unsent, cell.sock = b"", None
+            if cell.done.wait(max(0.0, cell.deadline - time.monotonic())):
                 return
             # Timeout: stop everything the cell started, then ask the kernel to stop.
             cell.timed_out = True
@@ -418,6 +492,8 @@ class KernelProcess:
             self.supervisor.send(self.timeout_error(cell, restarted=True))
             self.finish(cell, "timeout")
             self.restart()
+        finally:
+            self.exec_lock.release()
 
     def interrupt(self) -> None:
         proc = self.proc
