@@ -53,7 +53,7 @@ from sandlot.protocol import (
 from sandlot.protocol.layout import HOME, LIB_GUEST, TEMPLATE_SHARE
 from sandlot.runner import BOOTSTRAP, _limits
 from sandlot.runner._background import Background
-from sandlot.runner._contexts import KernelProcess, OutputBudget, pump
+from sandlot.runner._contexts import Deadlines, KernelProcess, OutputBudget, pump
 from sandlot.runner._files import Files, FilesError
 from sandlot.runner._processes import Processes
 from sandlot.runner._watch import Watches
@@ -110,6 +110,7 @@ class Supervisor:
         """Fork the next kernel from this process (set once, by a zygote-made sandbox)."""
         self.files = Files(self.workdir)
         self.workers = Workers()
+        self.deadlines = Deadlines(self.workers.submit)
         self.background = Background(self)
         self.watches = Watches(self)
 
@@ -174,9 +175,10 @@ class Supervisor:
                 continue
             if request["type"] == "shutdown":
                 break
-            task = self.start_cell(request) if request["type"] == "execute" else None
+            dispatch = functools.partial(self.dispatch, request)
+            task = self.start_cell(request, dispatch) if request["type"] == "execute" else dispatch
             if task is None:
-                task = functools.partial(self.dispatch, request)
+                continue
             try:
                 self.workers.submit(task)
             except RuntimeError:
@@ -185,18 +187,18 @@ class Supervisor:
                 task()
         self.shutdown()
 
-    def start_cell(self, request: Dict[str, Any]) -> Optional[Callable[[], None]]:
-        """Hand a cell to an idle kernel right here, on the thread that read it, and
-        return what watches it (its timeout) for a worker to run; None when the cell
-        must wait or needs more (a worker then does all of it). A worker's wake-up is
-        then no longer between the host's request and the kernel."""
+    def start_cell(
+        self, request: Dict[str, Any], otherwise: Callable[[], None]
+    ) -> Optional[Callable[[], None]]:
+        """Hand a cell to an idle kernel right here, on the thread that read it: no
+        worker wakes between the host's request and the kernel. Returns what is left
+        for a worker: nothing; the rest of a message the kernel did not take; or, when
+        the cell must wait (or needs a kernel started), ``otherwise``."""
         kernel = self.kernels.get(request["context"])
-        if kernel is None:
-            return None
-        cell = kernel.try_begin(request)
-        if cell is None:
-            return None
-        return functools.partial(kernel.watch, cell)
+        cell = None if kernel is None else kernel.try_begin(request)
+        if kernel is None or cell is None:
+            return otherwise
+        return functools.partial(kernel.send_rest, cell) if cell.unsent else None
 
     def dispatch(self, request: Dict[str, Any]) -> None:
         kind = request["type"]
@@ -611,5 +613,6 @@ def run(
             if kernel_proc is None or kernel_proc.poll() is not None:
                 break
     threading.Thread(target=supervisor.processes.reaper_loop, daemon=True).start()
+    supervisor.deadlines.start()
     supervisor.serve()
     return 0
