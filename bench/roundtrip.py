@@ -344,9 +344,9 @@ def main() -> None:
         f" before, {os.getloadavg()[0]:.2f} after; {args.runs} runs a row; "
         f"{time.monotonic() - started:.0f} s\n"
     )
-    print(table(times, before))
     if args.json is not None:
         args.json.write_text(json.dumps(times))
+    print(table(times, before))
     mean = statistics.fmean(times[next(n for n in times if n.endswith("run_code 1+1"))])
     print(f"\n(mean of the first run_code 1+1 row: {mean:.3f} ms)")
 

@@ -213,12 +213,15 @@ class Kernel:
         for obj in objs:
             data = self.bundle(obj)
             self.flush_streams()
-            # The main result is the cell's last event but its exit: held, it goes out
-            # in the same write as the exit (or as whatever the cell still prints).
-            self.emit(
-                {"type": "result", "data": data, "is_main_result": is_main_result},
-                hold=is_main_result,
-            )
+            self.emit({"type": "result", "data": data, "is_main_result": is_main_result})
+
+    def display_main(self, value: Any) -> None:
+        """Send the cell's main result (its last expression's value). Held: it goes out
+        in the same write as the cell's exit, which comes next (or with whatever the
+        cell's end still prints first)."""
+        data = self.bundle(value)
+        self.flush_streams()
+        self.emit({"type": "result", "data": data, "is_main_result": True}, hold=True)
 
     def bundle(self, obj: Any) -> Dict[str, Any]:
         """The MIME bundle of an object being displayed (a figure is then not sent again
@@ -442,7 +445,7 @@ class Kernel:
                 if value is not None and not silent:
                     self.namespace["_"] = value
                     if not _is_figure(value):
-                        self.display(value, is_main_result=True)
+                        self.display_main(value)
             self.flush_figures()
             if self.shell is not None:
                 _shell.record(self.shell, self.count, code, source)
