@@ -56,8 +56,9 @@ import ast
 import re
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 __all__ = [
     "DEFAULT_ALLOWED_IMPORTS",
@@ -460,6 +461,32 @@ class _Checker(ast.NodeVisitor):
         """Local name -> qualified name it was imported as (``sp`` -> ``subprocess``)."""
         self.decoded: set[str] = set()
         """Names assigned from a decoding expression (candidates for decoded-exec)."""
+
+    # NodeVisitor's walk, in the same order with the same visit_* methods, but with the
+    # method of each node type looked up once: it runs on every cell, and the generic
+    # walk (a getattr by name per node) was most of the pre-check's cost.
+    _methods: ClassVar[dict[type[ast.AST], Callable[[_Checker, Any], None] | None]] = {}
+
+    def visit(self, node: ast.AST) -> None:
+        kind = type(node)
+        try:
+            method = self._methods[kind]
+        except KeyError:
+            method = self._methods[kind] = getattr(_Checker, "visit_" + kind.__name__, None)
+        if method is None:
+            self.generic_visit(node)
+        else:
+            method(self, node)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        self.visit(item)
+            elif isinstance(value, ast.AST):
+                self.visit(value)
 
     def add(self, rule: str, severity: Severity, message: str, node: ast.AST) -> None:
         line = getattr(node, "lineno", 0)

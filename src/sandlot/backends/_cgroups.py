@@ -32,6 +32,7 @@ import errno
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -284,6 +285,7 @@ class SandboxCgroup:
         self.name = name
         self.paths = {ctrl: base / name for ctrl, base in host.bases.items()}
         self._attach: list[int] = []
+        self._stats = UsageFiles()
 
     @classmethod
     def create(cls, resources: Resources) -> SandboxCgroup:
@@ -335,7 +337,7 @@ class SandboxCgroup:
 
     def usage(self) -> ResourceUsage:
         """Peak memory, limit, OOM kills so far, CPU time and current process count."""
-        return read_usage(self.host.version, self.paths)
+        return read_usage(self.host.version, self.paths, self._stats)
 
     def _cpuacct_rel(self) -> str:
         # The sandbox is not placed in cpuacct; its CPU time is read from the first
@@ -359,6 +361,7 @@ class SandboxCgroup:
     def destroy(self, timeout: float = 10.0) -> bool:
         """Kill what is left and remove the cgroup(s). True when nothing remains."""
         self.close_fds()
+        self._stats.close()
         deadline = time.monotonic() + timeout
         remaining = dict(self.paths)
         while remaining:
@@ -378,14 +381,56 @@ class SandboxCgroup:
         return True
 
 
-def read_usage(version: Version, paths: Mapping[str, Path]) -> ResourceUsage:
+class UsageFiles:
+    """The usage files of one cgroup, opened once and re-read in place (``pread`` at
+    offset 0 makes the kernel render them afresh): usage is read twice a cell, and
+    opening and closing five files each time cost about 40 microseconds of it.
+
+    Thread-safe; after :meth:`close` every read opens and closes its file again, so
+    a read racing with close never reads a descriptor number reused meanwhile."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fds: dict[tuple[str, str], int] = {}
+        self._closed = False
+
+    def read(self, paths: Mapping[str, Path], ctrl: str, name: str) -> str | None:
+        with self._lock:
+            if self._closed:
+                return _read_file(paths, ctrl, name)
+            fd = self._fds.get((ctrl, name))
+            if fd is None:
+                try:
+                    fd = os.open(f"{paths[ctrl]}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+                except (OSError, KeyError):
+                    return None
+                self._fds[(ctrl, name)] = fd
+            try:
+                return os.pread(fd, 65536, 0).decode()
+            except OSError:
+                return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def read_usage(
+    version: Version, paths: Mapping[str, Path], files: UsageFiles | None = None
+) -> ResourceUsage:
     """A cgroup's usage: peak memory, limit, OOM kills so far, CPU time, process count.
 
     ``paths``: the cgroup's directory per controller (``""`` on v2; ``memory``,
     ``pids`` and optionally ``cpuacct`` on v1). Also used for containers, whose
-    cgroups the engine creates."""
+    cgroups the engine creates. ``files``: keep the files open there between calls."""
 
     def read(ctrl: str, name: str) -> str | None:
+        if files is not None:
+            return files.read(paths, ctrl, name)
         return _read_file(paths, ctrl, name)
 
     if version == 2:

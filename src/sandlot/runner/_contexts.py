@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import heapq
+import itertools
 import json
 import os
 import selectors
@@ -19,19 +22,94 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Protocol, Set, Tuple
+import time
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Set, Tuple
 
 from sandlot.protocol import MAX_LINE_BYTES, encode
 from sandlot.runner import BOOTSTRAP
 from sandlot.runner._processes import Forked, Processes, set_cmdline, signal_all
 
 PR_SET_DUMPABLE = 4
+INLINE_BYTES = 16 * 1024
+"""Largest ``execute`` message the thread that read it sends to an idle kernel itself
+(:meth:`KernelProcess.try_begin`); it never waits for the kernel to read it."""
+
+
+Deadline = List[Any]
+"""``[when, sequence number, callback or None once cancelled]`` (a heap entry)."""
+
+
+class Deadlines:
+    """One thread that enforces the timeout of every running cell.
+
+    A cell adds its deadline when it starts and cancels it when it ends. The thread
+    wakes only for the earliest deadline, so a cell that ends in time wakes no thread
+    at all (a thread per cell that waited for it cost tens of microseconds of every
+    round trip). What a deadline's callback returns, which may block (a grace period,
+    a restart), runs on a worker. Cancelled entries are dropped in bulk once they are
+    half the heap, so a stream of short cells keeps it small.
+    """
+
+    def __init__(self, submit: Callable[[Callable[[], None]], None]) -> None:
+        self.submit = submit
+        self.cond = threading.Condition()
+        self.heap: List[Deadline] = []
+        self.cancelled = 0
+        self.count = itertools.count()
+
+    def start(self) -> None:
+        """Start the thread: once, before the first cell (and after a zygote-made
+        supervisor forked its first kernel, which it does only while single-threaded)."""
+        threading.Thread(target=self.run, name="sandlot-deadlines", daemon=True).start()
+
+    def add(self, when: float, callback: Callable[[], Optional[Callable[[], None]]]) -> Deadline:
+        entry: Deadline = [when, next(self.count), callback]
+        with self.cond:
+            heapq.heappush(self.heap, entry)
+            if self.heap[0] is entry:
+                self.cond.notify()  # earlier than what the thread waits for
+        return entry
+
+    def cancel(self, entry: Deadline) -> None:
+        with self.cond:
+            if entry[2] is None:
+                return
+            entry[2] = None
+            self.cancelled += 1
+            if self.cancelled > 64 and self.cancelled * 2 > len(self.heap):
+                self.heap = [e for e in self.heap if e[2] is not None]
+                heapq.heapify(self.heap)
+                self.cancelled = 0
+
+    def run(self) -> None:
+        while True:
+            with self.cond:
+                while True:
+                    now = time.monotonic()
+                    if self.heap and self.heap[0][0] <= now:
+                        entry = heapq.heappop(self.heap)
+                        callback, entry[2] = entry[2], None
+                        if callback is not None:
+                            break
+                        self.cancelled -= 1
+                        continue
+                    self.cond.wait(self.heap[0][0] - now if self.heap else None)
+            try:
+                task = callback()
+                if task is not None:
+                    try:
+                        self.submit(task)
+                    except RuntimeError:
+                        task()  # no thread to be had (a thread bomb): here, then
+            except Exception as exc:  # one cell's failure must not end all enforcement
+                sys.stderr.write("sandlot runner: timeout handling failed: %r\n" % (exc,))
 
 
 class Host(Protocol):
     """What a kernel needs from the supervisor that owns it."""
 
     config: Dict[str, Any]
+    deadlines: Deadlines
     lib: str
     grace: float
     output_bytes: Any
@@ -40,6 +118,8 @@ class Host(Protocol):
     processes: Processes
 
     def send(self, message: Dict[str, Any]) -> None: ...
+
+    def batched(self) -> ContextManager[None]: ...
 
     def take_fork(self) -> bool: ...
 
@@ -144,6 +224,18 @@ class Cell:
         self.interrupted = False
         self.pending_exit: Optional[Tuple[Any, Any]] = None
         self.timeout = 0.0
+        self.deadline = 0.0
+        """``time.monotonic()`` at which the cell times out (set when it is sent)."""
+        self.unsent = b""
+        """The end of its ``execute`` message that the kernel has not taken yet."""
+        self.sock: Optional[socket.socket] = None
+        """The kernel socket ``unsent`` is for (a replaced kernel must not get it)."""
+        self.deadline_entry: Optional[List[Any]] = None
+        self.watcher_releases = True
+        """Who ends the cell's hold on its kernel (``exec_lock``): once its message is
+        sent (:meth:`KernelProcess.sent`), its exit (finish), so that the next cell
+        waits for no other thread; once it timed out, :meth:`KernelProcess.expire`.
+        Until then, the thread that sends it."""
 
 
 class KernelProcess:
@@ -171,6 +263,10 @@ class KernelProcess:
         ours, theirs = socket.socketpair()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        # Our ends only (the kernel's stay blocking): a drain before a cell's exit is
+        # then one read a pipe, without switching modes around it.
+        os.set_blocking(out_r, False)
+        os.set_blocking(err_r, False)
         config = {
             "memory_mb": self.supervisor.config.get("memory_mb"),
             "rlimits": self.supervisor.config.get("rlimits") or {},
@@ -238,12 +334,13 @@ class KernelProcess:
                         sock_open = False
                         break
                     *lines, rest = data.split(b"\n")
-                    for line in lines:
-                        if not overlong:
-                            pending += line
-                            self.on_kernel_event(bytes(pending), out_r, err_r, open_pipes)
-                        pending = bytearray()
-                        overlong = False
+                    with self.supervisor.batched():  # a result and its exit: one write
+                        for line in lines:
+                            if not overlong:
+                                pending += line
+                                self.on_kernel_event(bytes(pending), out_r, err_r, open_pipes)
+                            pending = bytearray()
+                            overlong = False
                     if not overlong:
                         pending += rest
                     if len(pending) > MAX_LINE_BYTES:
@@ -265,6 +362,8 @@ class KernelProcess:
     def read_pipe(self, fd: int, kind: str, selector: Any, open_pipes: Set[int]) -> None:
         try:
             data = os.read(fd, 65536)
+        except BlockingIOError:
+            return  # drained meanwhile (by drain_pipes)
         except OSError:
             data = b""
         if not data:
@@ -277,21 +376,17 @@ class KernelProcess:
 
     def drain_pipes(self, open_pipes: Set[int]) -> None:
         """Forward whatever is already in the stdout/stderr pipes (before an exit)."""
-        for fd in list(open_pipes):
-            os.set_blocking(fd, False)
-            try:
-                while True:
-                    try:
-                        data = os.read(fd, 65536)
-                    except BlockingIOError:
-                        break
-                    if not data:
-                        break
-                    cell = self.cell
-                    if cell is not None:
-                        cell.budget.text(self.pipes[fd], data.decode("utf-8", "replace"))
-            finally:
-                os.set_blocking(fd, True)
+        for fd in list(open_pipes):  # non-blocking (see launch)
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:  # BlockingIOError: drained
+                    break
+                if not data:
+                    break
+                cell = self.cell
+                if cell is not None:
+                    cell.budget.text(self.pipes[fd], data.decode("utf-8", "replace"))
 
     def on_kernel_event(self, line: bytes, out_r: int, err_r: int, open_pipes: Set[int]) -> None:
         cell = self.cell
@@ -356,6 +451,10 @@ class KernelProcess:
                 message["truncated"] = True
             self.supervisor.send(message)
             cell.done.set()
+            if cell.deadline_entry is not None:
+                self.supervisor.deadlines.cancel(cell.deadline_entry)
+            if not cell.watcher_releases:
+                self.exec_lock.release()
 
     def on_kernel_gone(self, proc: "subprocess.Popen[bytes]") -> None:
         code = proc.wait()
@@ -389,26 +488,114 @@ class KernelProcess:
 
     # --- requests ---------------------------------------------------------------------
     def execute(self, request: Dict[str, Any]) -> None:
-        with self.exec_lock:
-            cell = Cell(request["id"], OutputBudget(self.supervisor, request["id"]))
-            cell.timeout = float(request["timeout"])
-            self.cell = cell
-            message = {
+        """Start a cell on a worker: wait for the kernel to be free, then send it."""
+        self.exec_lock.acquire()
+        try:
+            cell = self.begin(request)
+        except BaseException:
+            self.exec_lock.release()
+            raise
+        try:
+            with self.state_lock:
+                self.sock.sendall(self.message(request))
+        except OSError:
+            pass  # the kernel died; its listener reports it and restarts it
+        finally:
+            self.sent(cell)
+
+    def try_begin(self, request: Dict[str, Any]) -> Optional[Cell]:
+        """Start a cell only if that cannot block (the kernel idle, in place, and the
+        message small): the caller is the thread that reads the host channel. If the
+        kernel did not take all of it, :meth:`send_rest` must follow on a worker.
+        None: nothing was done."""
+        data = self.message(request)
+        if len(data) > INLINE_BYTES or not self.exec_lock.acquire(blocking=False):
+            return None
+        if not self.state_lock.acquire(blocking=False):  # the kernel is being replaced
+            self.exec_lock.release()
+            return None
+        try:
+            cell = self.begin(request)
+        except BaseException:
+            self.state_lock.release()
+            self.exec_lock.release()
+            raise
+        try:
+            # Never waits: a kernel that does not read its socket (stopped, or
+            # forging its cells' exits) leaves the rest to send_rest().
+            sent = self.sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            sent = len(data)  # the kernel died; its listener reports it
+        finally:
+            self.state_lock.release()
+        cell.unsent, cell.sock = data[sent:], self.sock
+        if not cell.unsent:
+            self.sent(cell)
+        return cell
+
+    def send_rest(self, cell: Cell) -> None:
+        """Send what :meth:`try_begin` could not (waiting for the kernel to read it)."""
+        try:
+            with self.state_lock:
+                if self.sock is cell.sock:
+                    self.sock.sendall(cell.unsent)
+        except OSError:
+            pass  # the kernel died; its listener reports it and restarts it
+        finally:
+            cell.unsent, cell.sock = b"", None
+            self.sent(cell)
+
+    def sent(self, cell: Cell) -> None:
+        """The cell's message is with its kernel: from now on its exit releases the
+        kernel (if the exit came already, this does)."""
+        with cell.finish_lock:
+            if cell.timed_out:
+                return  # the timeout's handling releases it
+            cell.watcher_releases = False
+            ended = cell.done.is_set()
+        if ended:
+            self.exec_lock.release()
+
+    def begin(self, request: Dict[str, Any]) -> Cell:
+        """The cell of ``request``, made current, its timeout armed; exec_lock held."""
+        cell = Cell(request["id"], OutputBudget(self.supervisor, request["id"]))
+        cell.timeout = float(request["timeout"])
+        cell.deadline = time.monotonic() + cell.timeout
+        self.cell = cell
+        cell.deadline_entry = self.supervisor.deadlines.add(
+            cell.deadline, functools.partial(self.on_deadline, cell)
+        )
+        return cell
+
+    @staticmethod
+    def message(request: Dict[str, Any]) -> bytes:
+        return encode(
+            {
                 "type": "execute",
                 "id": request["id"],
                 "code": request["code"],
                 "envs": request["envs"],
                 "silent": request.get("silent") is True,
             }
-            try:
-                with self.state_lock:
-                    self.sock.sendall(encode(message))
-            except OSError:
-                pass  # the kernel died; its listener reports it and restarts it
-            if cell.done.wait(cell.timeout):
-                return
-            # Timeout: stop everything the cell started, then ask the kernel to stop.
+        )
+
+    def on_deadline(self, cell: Cell) -> Optional[Callable[[], None]]:
+        """The cell's time is up (on the deadline thread): if it still runs, what stops
+        it (for a worker: it waits)."""
+        with cell.finish_lock:
+            if cell.done.is_set():
+                return None  # ended in time (and its exit released the kernel)
             cell.timed_out = True
+            cell.watcher_releases = True
+        return functools.partial(self.expire, cell)
+
+    def expire(self, cell: Cell) -> None:
+        """Stop a timed-out cell: kill what it started and interrupt the kernel; if the
+        kernel does not stop within the grace period, kill and restart it. Releases
+        the kernel for the next cell at the end."""
+        try:
             proc = self.proc
             if proc is not None:
                 self.supervisor.processes.kill_tree(proc.pid, include_root=False)
@@ -418,6 +605,8 @@ class KernelProcess:
             self.supervisor.send(self.timeout_error(cell, restarted=True))
             self.finish(cell, "timeout")
             self.restart()
+        finally:
+            self.exec_lock.release()
 
     def interrupt(self) -> None:
         proc = self.proc

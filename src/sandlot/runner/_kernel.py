@@ -54,10 +54,20 @@ class Channel:
         self.sock = socket.socket(fileno=fd)
         self.reader = self.sock.makefile("rb")
         self.lock = threading.Lock()
+        self.held = b""
+        """An encoded message that waits to go out with the next one."""
 
-    def send(self, message: Dict[str, Any]) -> None:
+    def send(self, message: Dict[str, Any], hold: bool = False) -> None:
+        """Send ``message`` (with anything held before it, in order). ``hold``: keep it
+        back until the next send instead: a cell's main result then travels with its
+        ``exit`` in one write, so the supervisor (and the host) wake once, not twice."""
         data = encode(message)
         with self.lock:
+            if self.held:
+                data, self.held = self.held + data, b""
+            if hold:
+                self.held = data
+                return
             self.sock.sendall(data)
 
     def receive(self) -> Optional[Dict[str, Any]]:
@@ -183,18 +193,20 @@ class Kernel:
         self.cell_envs: Dict[str, str] = {}
 
     # --- events -----------------------------------------------------------------------
-    def emit(self, message: Dict[str, Any]) -> None:
+    def emit(self, message: Dict[str, Any], hold: bool = False) -> None:
+        """Send an event of the running cell (``hold``: see :meth:`Channel.send`; the
+        cell's ``exit``, always sent, takes a held event with it)."""
         if self.current_id is None:
             return  # output from a background thread between cells has no owner
         message["id"] = self.current_id
-        self.channel.send(message)
+        self.channel.send(message, hold)
 
     def flush_streams(self) -> None:
         self.stdout.flush()
         self.stderr.flush()
         # C-level stdio of extensions writes to fd 1/2; push it into the pipes now.
         with contextlib.suppress(Exception):
-            ctypes.CDLL(None).fflush(None)
+            _c_fflush()
 
     def display(self, *objs: Any, is_main_result: bool = False) -> None:
         """The ``display()`` builtin: send each object as a rich result."""
@@ -202,6 +214,14 @@ class Kernel:
             data = self.bundle(obj)
             self.flush_streams()
             self.emit({"type": "result", "data": data, "is_main_result": is_main_result})
+
+    def display_main(self, value: Any) -> None:
+        """Send the cell's main result (its last expression's value). Held: it goes out
+        in the same write as the cell's exit, which comes next (or with whatever the
+        cell's end still prints first)."""
+        data = self.bundle(value)
+        self.flush_streams()
+        self.emit({"type": "result", "data": data, "is_main_result": True}, hold=True)
 
     def bundle(self, obj: Any) -> Dict[str, Any]:
         """The MIME bundle of an object being displayed (a figure is then not sent again
@@ -417,15 +437,15 @@ class Kernel:
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = tree.body[-1].value
                 tree.body.pop()
-            body = compile(tree, filename, "exec", flags=flags)
-            self._run(body)
+            if tree.body:  # (a cell that is one expression has nothing else to run)
+                self._run(compile(tree, filename, "exec", flags=flags))
             if last is not None:
                 expr = compile(ast.Expression(body=last), filename, "eval", flags=flags)
                 value = self._run(expr)
                 if value is not None and not silent:
                     self.namespace["_"] = value
                     if not _is_figure(value):
-                        self.display(value, is_main_result=True)
+                        self.display_main(value)
             self.flush_figures()
             if self.shell is not None:
                 _shell.record(self.shell, self.count, code, source)
@@ -522,6 +542,18 @@ class Kernel:
                 "traceback": "".join(lines),
             }
         )
+
+
+_fflush: Any = None
+
+
+def _c_fflush() -> None:
+    """``fflush(NULL)``: C stdio buffers of extensions out into the pipes. The libc
+    handle is made once (making one defines a class: tens of microseconds a cell)."""
+    global _fflush
+    if _fflush is None:
+        _fflush = ctypes.CDLL(None).fflush
+    _fflush(None)
 
 
 def _accept_boxplot_labels(pyplot: Any) -> None:

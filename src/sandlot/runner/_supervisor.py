@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import queue
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from sandlot.protocol import (
     CHUNK_BYTES,
@@ -52,11 +53,13 @@ from sandlot.protocol import (
 from sandlot.protocol.layout import HOME, LIB_GUEST, TEMPLATE_SHARE
 from sandlot.runner import BOOTSTRAP, _limits
 from sandlot.runner._background import Background
-from sandlot.runner._contexts import KernelProcess, OutputBudget, pump
+from sandlot.runner._contexts import Deadlines, KernelProcess, OutputBudget, pump
 from sandlot.runner._files import Files, FilesError
 from sandlot.runner._processes import Processes
 from sandlot.runner._watch import Watches
 
+BATCH_BYTES = 64 * 1024
+"""A batch of messages (:meth:`Supervisor.batched`) is written out once this big."""
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 
@@ -94,6 +97,7 @@ class Supervisor:
         self.reader = reader
         self.config = config
         self.send_lock = threading.Lock()
+        self.batches = threading.local()
         self.processes = Processes()
         self.kernels: Dict[str, KernelProcess] = {}
         self.workdir = str(config.get("workdir", HOME))
@@ -105,19 +109,49 @@ class Supervisor:
         self.fork_next_kernel = False
         """Fork the next kernel from this process (set once, by a zygote-made sandbox)."""
         self.files = Files(self.workdir)
-        self.workers = Workers(self.dispatch)
+        self.workers = Workers()
+        self.deadlines = Deadlines(self.workers.submit)
         self.background = Background(self)
         self.watches = Watches(self)
 
     # --- host channel -----------------------------------------------------------------
     def send(self, message: Dict[str, Any]) -> None:
         data = encode(message)
+        batch: Optional[List[bytes]] = getattr(self.batches, "parts", None)
+        if batch is None:
+            self.write(data)
+            return
+        batch.append(data)
+        self.batches.size += len(data)
+        if self.batches.size >= BATCH_BYTES:
+            self.write(b"".join(batch))
+            batch.clear()
+            self.batches.size = 0
+
+    def write(self, data: bytes) -> None:
         with self.send_lock:
             try:
                 self.sock.sendall(data)
             except OSError as exc:
                 sys.stderr.write("sandlot runner: host channel closed: %r\n" % (exc,))
                 os._exit(0)  # the host is gone; so is the sandbox
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Messages this thread sends inside the block go to the host in one write at
+        its end (or every :data:`BATCH_BYTES`): a kernel's result and exit, read
+        together, then wake the host once. Other threads' messages are not held."""
+        if getattr(self.batches, "parts", None) is not None:
+            yield  # nested: the outer block writes
+            return
+        parts: List[bytes] = []
+        self.batches.parts, self.batches.size = parts, 0
+        try:
+            yield
+        finally:
+            self.batches.parts = None
+            if parts:
+                self.write(b"".join(parts))
 
     def reply(self, rid: str, value: Any = None) -> None:
         self.send({"type": "reply", "id": rid, "ok": True, "value": value})
@@ -141,13 +175,30 @@ class Supervisor:
                 continue
             if request["type"] == "shutdown":
                 break
+            dispatch = functools.partial(self.dispatch, request)
+            task = self.start_cell(request, dispatch) if request["type"] == "execute" else dispatch
+            if task is None:
+                continue
             try:
-                self.workers.submit(request)
+                self.workers.submit(task)
             except RuntimeError:
                 # No thread to be had: user code used up the pids limit (a thread bomb).
                 # Serve this request here rather than die; restarting the context frees it.
-                self.dispatch(request)
+                task()
         self.shutdown()
+
+    def start_cell(
+        self, request: Dict[str, Any], otherwise: Callable[[], None]
+    ) -> Optional[Callable[[], None]]:
+        """Hand a cell to an idle kernel right here, on the thread that read it: no
+        worker wakes between the host's request and the kernel. Returns what is left
+        for a worker: nothing; the rest of a message the kernel did not take; or, when
+        the cell must wait (or needs a kernel started), ``otherwise``."""
+        kernel = self.kernels.get(request["context"])
+        cell = None if kernel is None else kernel.try_begin(request)
+        if kernel is None or cell is None:
+            return otherwise
+        return functools.partial(kernel.send_rest, cell) if cell.unsent else None
 
     def dispatch(self, request: Dict[str, Any]) -> None:
         kind = request["type"]
@@ -406,40 +457,40 @@ class Supervisor:
 
 
 class Workers:
-    """Threads that serve requests, each on its own thread as before, but reused: a
-    request goes to an idle worker if there is one, else to a new thread. Starting a
-    thread per request cost about a tenth of a millisecond of every cell's round trip.
-    Idle workers exit after a minute."""
+    """Threads that serve requests (a task each: a request's handler, or the watch of
+    a cell already started), each on its own thread as before, but reused: a task
+    goes to an idle worker if there is one, else to a new thread. Starting a thread
+    per request cost about a tenth of a millisecond of every cell's round trip. Idle
+    workers exit after a minute."""
 
     IDLE = 60.0
 
-    def __init__(self, handler: Callable[[Dict[str, Any]], None]) -> None:
-        self.handler = handler
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.idle = 0
-        self.tasks: "queue.SimpleQueue[Dict[str, Any]]" = queue.SimpleQueue()
+        self.tasks: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
 
-    def submit(self, request: Dict[str, Any]) -> None:
-        """Hand ``request`` to a worker; RuntimeError if no thread can be started."""
+    def submit(self, task: Callable[[], None]) -> None:
+        """Hand ``task`` to a worker; RuntimeError if no thread can be started."""
         with self.lock:
             if self.idle > 0:
                 self.idle -= 1
-                self.tasks.put(request)
+                self.tasks.put(task)
                 return
-        threading.Thread(target=self.work, args=(request,), daemon=True).start()
+        threading.Thread(target=self.work, args=(task,), daemon=True).start()
 
-    def work(self, request: Dict[str, Any]) -> None:
+    def work(self, task: Callable[[], None]) -> None:
         while True:
-            self.handler(request)
+            task()
             with self.lock:
                 self.idle += 1
             try:
-                request = self.tasks.get(timeout=self.IDLE)
+                task = self.tasks.get(timeout=self.IDLE)
             except queue.Empty:
                 with self.lock:
-                    # A request may have been promised to us just as we timed out.
+                    # A task may have been promised to us just as we timed out.
                     try:
-                        request = self.tasks.get_nowait()
+                        task = self.tasks.get_nowait()
                     except queue.Empty:
                         self.idle -= 1
                         return
@@ -566,5 +617,6 @@ def run(
             if kernel_proc is None or kernel_proc.poll() is not None:
                 break
     threading.Thread(target=supervisor.processes.reaper_loop, daemon=True).start()
+    supervisor.deadlines.start()
     supervisor.serve()
     return 0
