@@ -134,3 +134,40 @@ def test_exiting_while_the_zygote_starts_does_not_wait_for_it() -> None:
     # bubblewrap itself is killed and reaped by the cut-short start; the processes
     # inside die with it (their parent-death signal), possibly a moment later.
     assert outcome["bwraps"][0] not in outcome["left"]  # type: ignore[index,operator]
+
+
+def test_sandboxes_start_run_and_die_in_a_process_with_descriptors_past_1024() -> None:
+    # A process with hundreds of sandboxes holds thousands of descriptors. select()
+    # refuses any past 1024: waits on a sandbox's pidfd raised (kill() too), and a
+    # zygote, whose control socket keeps the host's descriptor number, died.
+    outcome = _run(
+        f"""
+        import json, os, resource
+        from sandlot import Sandbox
+        from sandlot.backends.bwrap import _zygote
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 4096
+        if hard != resource.RLIM_INFINITY and hard < want:
+            want = hard if os.geteuid() != 0 else want
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(want, hard)))
+        held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+        backend = _zygote.ZygoteBackend(preload=("json",))  # started now, past 1024
+        forked = Sandbox({TEMPLATE!r}, backend=backend, timeout=60)
+        cold = Sandbox({TEMPLATE!r}, backend="bwrap", timeout=60)
+        texts = [forked.run_code("6 * 7").text, cold.run_code("6 * 7").text]
+        zygote = _zygote.zygotes_for({TEMPLATE!r}, ("json",))[0]
+        numbers = [min(held), max(held), zygote._control.fileno()]
+        forked.kill()
+        cold.kill()
+        again = Sandbox({TEMPLATE!r}, backend=backend, timeout=60)
+        texts.append(again.run_code("7 * 7").text)
+        kind = type(again._core._handle._process).__name__
+        again.kill()
+        print(json.dumps({{"texts": texts, "numbers": numbers, "forked": kind}}))
+        """
+    )
+    numbers = outcome["numbers"]
+    assert isinstance(numbers, list) and numbers[2] > 1024, numbers  # the case, really
+    assert outcome["texts"] == ["42", "42", "49"]
+    assert outcome["forked"] == "_ForkedSandbox"
