@@ -323,13 +323,9 @@ def test_a_sandbox_is_one_fork_of_a_zygote_with_its_heap_in_huge_pages(
     assert huge_kib >= 2048, rollup
 
 
-def test_a_full_zygote_gets_a_sibling_zygote_instead_of_cold_starts(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # A zygote forks only as many live sandboxes as it has shares of its uid's per-user
-    # quotas. The sandbox past that starts cold, and another zygote (a uid of its own)
-    # starts in the background, so the next sandboxes are forks again. Two shares here,
-    # and a preload no other test uses, so these zygotes are this test's own.
+def _two_share_backend(monkeypatch: pytest.MonkeyPatch, preload: tuple[str, ...]) -> Any:
+    """A zygote backend whose zygotes fork two live sandboxes each (not 15), for a
+    ``preload`` no other test uses, so that its zygotes are the test's own."""
     import dataclasses
 
     from sandlot.backends.bwrap import _zygote
@@ -338,8 +334,20 @@ def test_a_full_zygote_gets_a_sibling_zygote_instead_of_cold_starts(
     monkeypatch.setattr(
         _zygote, "shares", lambda raise_limits: dataclasses.replace(real(raise_limits), sandboxes=2)
     )
+    return _zygote.ZygoteBackend(preload=preload)
+
+
+def test_a_full_zygote_gets_a_sibling_zygote_instead_of_cold_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A zygote forks only as many live sandboxes as it has shares of its uid's per-user
+    # quotas. The sandbox past that starts cold, and another zygote (a uid of its own)
+    # starts in the background, so the next sandboxes are forks again. Two shares here,
+    # and a preload no other test uses, so these zygotes are this test's own.
+    from sandlot.backends.bwrap import _zygote
+
     preload = ("json", "decimal")
-    backend = _zygote.ZygoteBackend(preload=preload)
+    backend = _two_share_backend(monkeypatch, preload)
     started: list[Sandbox] = []
     try:
         for _ in range(2):
@@ -371,16 +379,10 @@ def test_an_idle_extra_zygote_is_stopped_and_a_busy_one_is_not(
 ) -> None:
     # Extra zygotes (60 MiB each) are stopped once none of their sandboxes runs and
     # they forked none for RETIRE_AFTER seconds (0 here); the key's first one stays.
-    import dataclasses
-
     from sandlot.backends.bwrap import _zygote
 
-    real = _zygote.shares
-    monkeypatch.setattr(
-        _zygote, "shares", lambda raise_limits: dataclasses.replace(real(raise_limits), sandboxes=2)
-    )
     preload = ("json", "fractions")
-    backend = _zygote.ZygoteBackend(preload=preload)
+    backend = _two_share_backend(monkeypatch, preload)
     started: list[Sandbox] = []
     try:
         started += [Sandbox(backend=backend, timeout=TIMEOUT) for _ in range(3)]  # 2 + 1 cold
