@@ -229,6 +229,8 @@ class CellRunner:
 QUEUE_BYTES = 8 * 1024 * 1024
 """Bytes of a stream's messages that may wait for a slow client; past it the cell's
 worker waits (and with it the sandbox, see ``backends._channel.QUEUE_COST``)."""
+BATCH_BYTES = 256 * 1024
+"""Messages already waiting are sent together up to about this many bytes per chunk."""
 STALL_SECONDS = 60.0
 """How long a client may leave the queue full before its cell is cut."""
 
@@ -317,13 +319,25 @@ async def ndjson(
     try:
         while True:
             item = await queue.get()
+            # What else is already waiting goes out with it, as one chunk: one write
+            # (and one read by the client) instead of one per message.
+            batch: list[bytes] = []
+            size = 0
+            while item is not None:
+                batch.append(item)
+                size += len(item)
+                if size >= BATCH_BYTES or queue.empty():
+                    break
+                item = queue.get_nowait()
+            if batch:
+                chunk = b"".join(batch)
+                # Counted as taken once handed on: the server's own buffers downstream
+                # are bounded by the transport's flow control.
+                taken(len(chunk))
+                yield chunk
             if item is None:
                 finished = True
                 return
-            # Counted as taken once handed on: the server's own buffers downstream are
-            # bounded by the transport's flow control.
-            taken(len(item))
-            yield item
     finally:
         leave()
         if not finished:
