@@ -14,12 +14,15 @@ Rows (each p50 / p95 / p99 over ``--runs`` runs, after one warm-up):
   remote SDK over loopback, and the E2B client.
 
 Each timed create waits first until the server's pool has a ready sandbox again (its
-refill rate is not what these rows measure). Run::
+refill rate is not what these rows measure); its span ends after the sandbox's kill. Run::
 
     .venv/bin/python bench/server.py --runs 30
 
-It prints a Markdown table and writes ``bench/results/server-<UTC time>.md``. Numbers on
-a shared 2-core machine are noisy: read them next to the load average printed with them.
+It prints a Markdown table, each server row's p50 over its local counterpart's, and writes
+``bench/results/server-<UTC time>.md``; ``--json PATH`` also writes ``{row name: [ms
+values]}`` (to compare two checkouts: run it with ``PYTHONPATH`` at each one's ``src``;
+the servers it starts inherit it). Numbers on a shared 2-core machine are noisy: read
+them next to the load average printed with them.
 """
 
 from __future__ import annotations
@@ -195,6 +198,10 @@ def main() -> int:
             "|---|---|---|",
             *rows,
             "",
+            "Over the local SDK in the same run (p50 minus p50, ms):",
+            "",
+            *_overheads(),
+            "",
         ]
     )
     print(table)
@@ -203,6 +210,22 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"server-{stamp}.md").write_text(table)
     return 0
+
+
+def _overheads() -> list[str]:
+    """Each server row's p50 less its local counterpart's."""
+    pairs = [
+        ("remote SDK: `1+1`", "local SDK: `1+1`"),
+        ("e2b client: `1+1`", "local SDK: `1+1`"),
+        ("remote pool: create -> first result", "local pool: create -> first result"),
+        ("e2b client: create -> first result", "local pool: create -> first result"),
+    ]
+    lines = []
+    for row, local in pairs:
+        if MEASURED.get(row) and MEASURED.get(local):
+            extra = _pct(MEASURED[row], 50) - _pct(MEASURED[local], 50)
+            lines.append(f"- {row}: {extra:+.2f}")
+    return lines
 
 
 def _e2b_rows(url: str, key: str, ready: Callable[[], None], runs: int) -> list[str]:
