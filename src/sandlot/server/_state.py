@@ -56,7 +56,7 @@ async def principal_for(state: ServerState, key: str) -> Principal | None:
     """Check an API key against the key store (on every request: a revoked key is
     refused from the next request on). On SQLite the lookup runs in place (tens of
     microseconds, less than a hop to a worker thread); elsewhere in a worker thread."""
-    if state.store.local:
+    if state.store.embedded:
         return state.store.authenticate(key)
     return await state.blocking(state.store.authenticate, key)
 

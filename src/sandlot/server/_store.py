@@ -245,11 +245,11 @@ class Store:
         self.audit_max_age = audit_max_age
         self.audit_max_rows = audit_max_rows
         self.engine: Engine = sa.create_engine(url, future=True)
-        self.local = self.engine.dialect.name == "sqlite"
+        self.embedded = self.engine.dialect.name == "sqlite"
         """An embedded database (SQLite): a key lookup is a few tens of microseconds
         on this host, cheaper than handing it to a thread. Over a network (PostgreSQL)
         every query belongs in a worker thread."""
-        if self.local:
+        if self.embedded:
             sa.event.listen(self.engine, "connect", _sqlite_pragmas(audit_sync))
         _metadata.create_all(self.engine)
         self._add_missing_columns()
