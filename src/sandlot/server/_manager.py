@@ -298,7 +298,9 @@ class SandboxManager:
         return Resources.coerce(values)
 
     def cell_timeout_ceiling(self, tenant: str) -> float:
-        return self.ceilings(tenant)[2]
+        """``ceilings(tenant)[2]``, without building the resources (checked per cell)."""
+        own = self.store.tenant_ceilings(tenant)
+        return float(own.get("cell_timeout", self.settings.max_cell_timeout))
 
     def _lifetime(self, timeout: float | None, tenant: str) -> float:
         limit = self.ceilings(tenant)[1]
