@@ -20,9 +20,10 @@ refill rate is not what these rows measure); its span ends after the sandbox's k
 
 It prints a Markdown table, each server row's p50 over its local counterpart's, and writes
 ``bench/results/server-<UTC time>.md``; ``--json PATH`` also writes ``{row name: [ms
-values]}`` (to compare two checkouts: run it with ``PYTHONPATH`` at each one's ``src``;
-the servers it starts inherit it). Numbers on a shared 2-core machine are noisy: read
-them next to the load average printed with them.
+values]}``. To compare two checkouts, run it with ``PYTHONPATH`` at each one's ``src``
+(the servers it starts inherit it), then ``--compare BEFORE.json AFTER.json`` prints
+both. Numbers on a shared 2-core machine are noisy: read them next to the load average
+printed with them.
 """
 
 from __future__ import annotations
@@ -137,7 +138,17 @@ def main() -> int:
     parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write {row name: [ms values]} here"
     )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("BEFORE", "AFTER"),
+        help="print two --json files' p50s side by side and exit (measures nothing)",
+    )
     args = parser.parse_args()
+    if args.compare is not None:
+        print(_compare(*args.compare))
+        return 0
     rows: list[str] = []
 
     with Pool(size=1) as pool:
@@ -210,6 +221,22 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"server-{stamp}.md").write_text(table)
     return 0
+
+
+def _compare(before: Path, after: Path) -> str:
+    """Two ``--json`` files' rows, p50 / p95 each, side by side."""
+    old, new = json.loads(before.read_text()), json.loads(after.read_text())
+    lines = [
+        f"| row | {before.name} p50 / p95 ms | {after.name} p50 / p95 ms |",
+        "|---|---|---|",
+    ]
+    for name in dict.fromkeys([*old, *new]):
+        cells = [
+            f"{_pct(values, 50):.2f} / {_pct(values, 95):.2f}" if values else "-"
+            for values in (old.get(name) or [], new.get(name) or [])
+        ]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
 
 
 def _overheads() -> list[str]:
