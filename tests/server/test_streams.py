@@ -96,3 +96,27 @@ def test_messages_already_waiting_go_out_as_one_chunk() -> None:
     lines = b"".join(chunks).splitlines()
     assert [json.loads(line)["text"] for line in lines] == ["0", "1", "2", "3", "4"]
     assert len(chunks) == 1
+
+
+def test_a_last_message_ends_the_stream_with_it() -> None:
+    """``push(message, last=True)``: the client has the whole response then, not when
+    the work gets round to ``push(None)``."""
+    streamed = threading.Event()
+
+    def work(push: Push) -> None:
+        push({"type": "end_of_execution"}, last=True)
+        streamed.wait(10)  # still busy (bookkeeping) while the client reads
+        push(None)
+
+    async def main() -> list[bytes]:
+        with ThreadPoolExecutor(1) as pool:
+            response = EagerNdjson(work, pool, lambda: None)
+            try:
+                return await asyncio.wait_for(_read(response), 10)
+            finally:
+                streamed.set()
+
+    async def _read(response: EagerNdjson) -> list[bytes]:
+        return [chunk async for chunk in response.body_iterator]  # type: ignore[misc]
+
+    assert asyncio.run(main()) == [b'{"type": "end_of_execution"}\n']

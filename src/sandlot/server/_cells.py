@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -35,7 +35,14 @@ from sandlot.server._store import Principal, Store
 
 log = logging.getLogger("sandlot.server")
 
-Push = Callable[[dict[str, Any] | None], None]
+
+class Push(Protocol):
+    """Hands a stream a message; ``None`` ends the stream. ``last=True``: this message
+    ends it too, delivered with the end in one step (the client has the whole
+    response at once, not the message and then, a moment later, the end)."""
+
+    def __call__(self, item: dict[str, Any] | None, /, *, last: bool = False) -> None: ...
+
 
 OUTCOME = {
     "ok": "ok",
@@ -167,7 +174,7 @@ class CellRunner:
                     {"outcome": "killed", "status": "died", "error_name": type(exc).__name__},
                 )
                 self.metrics.executions.labels("killed").inc()
-                push({"type": "end_of_execution", "exception": exception_message(exc)})
+                push({"type": "end_of_execution", "exception": exception_message(exc)}, last=True)
                 return
             self._finish(execution, sizes, push)
         except Exception:
@@ -176,7 +183,8 @@ class CellRunner:
                 {
                     "type": "end_of_execution",
                     "exception": {"type": "ServerError", "message": "internal server error"},
-                }
+                },
+                last=True,
             )
         finally:
             self.manager.touch(entry, -1)
@@ -225,7 +233,8 @@ class CellRunner:
                 "network": None
                 if execution.network is None
                 else [event.to_dict() for event in execution.network],
-            }
+            },
+            last=True,
         )
 
 
@@ -325,12 +334,16 @@ def _ndjson(
     gone = False  # the client left: drop everything
     cut = False  # the client was too slow: drop everything after the notice
 
-    def deliver(item: bytes | None) -> None:
+    def put(items: tuple[bytes | None, ...]) -> None:
+        for item in items:
+            queue.put_nowait(item)
+
+    def deliver(*items: bytes | None) -> None:
         # RuntimeError: the event loop is gone (server stopped); nobody is listening.
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            loop.call_soon_threadsafe(put, items)
 
-    def push(item: dict[str, Any] | None) -> None:
+    def push(item: dict[str, Any] | None, /, *, last: bool = False) -> None:
         nonlocal waiting, cut
         if item is None:
             deliver(None)
@@ -363,7 +376,10 @@ def _ndjson(
                 target=on_stall or on_abandon, name="sandlot-stall", daemon=True
             ).start()
             return
-        deliver(data)
+        if last:
+            deliver(data, None)
+        else:
+            deliver(data)
 
     def taken(size: int) -> None:
         nonlocal waiting
