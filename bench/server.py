@@ -14,18 +14,23 @@ Rows (each p50 / p95 / p99 over ``--runs`` runs, after one warm-up):
   remote SDK over loopback, and the E2B client.
 
 Each timed create waits first until the server's pool has a ready sandbox again (its
-refill rate is not what these rows measure). Run::
+refill rate is not what these rows measure); its span ends after the sandbox's kill. Run::
 
     .venv/bin/python bench/server.py --runs 30
 
-It prints a Markdown table and writes ``bench/results/server-<UTC time>.md``. Numbers on
-a shared 2-core machine are noisy: read them next to the load average printed with them.
+It prints a Markdown table, each server row's p50 over its local counterpart's, and writes
+``bench/results/server-<UTC time>.md``; ``--json PATH`` also writes ``{row name: [ms
+values]}``. To compare two checkouts, run it with ``PYTHONPATH`` at each one's ``src``
+(the servers it starts inherit it), then ``--compare BEFORE.json AFTER.json`` prints
+both. Numbers on a shared 2-core machine are noisy: read them next to the load average
+printed with them.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
 import subprocess
@@ -49,7 +54,12 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
 
 
+MEASURED: dict[str, list[float]] = {}
+"""Every row's values in ms, by row name (written by ``--json``)."""
+
+
 def _row(name: str, values: list[float]) -> str:
+    MEASURED[name] = values
     if not values:
         return f"| {name} | not measured |"
     p50, p95, p99 = (_pct(values, p) for p in (50, 95, 99))
@@ -94,7 +104,13 @@ def _server(state: Path, *args: str) -> Iterator[tuple[str, str, Callable[[], No
             url = found.group(1) if found else ""
             time.sleep(0.1)
         key = subprocess.run(
-            [sys.executable, "-m", "sandlot", "keys", "create", "--tenant", "bench"],
+            # No creates-per-minute quota in the way: the rows create faster than the
+            # default allows.
+            [
+                sys.executable,
+                *("-m", "sandlot", "keys", "create", "--tenant", "bench"),
+                *("--creates-per-minute", "1000000"),
+            ],
             capture_output=True,
             text=True,
             env=env,
@@ -119,7 +135,20 @@ def _server(state: Path, *args: str) -> Iterator[tuple[str, str, Callable[[], No
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write {row name: [ms values]} here"
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("BEFORE", "AFTER"),
+        help="print two --json files' p50s side by side and exit (measures nothing)",
+    )
     args = parser.parse_args()
+    if args.compare is not None:
+        print(_compare(*args.compare))
+        return 0
     rows: list[str] = []
 
     with Pool(size=1) as pool:
@@ -180,12 +209,50 @@ def main() -> int:
             "|---|---|---|",
             *rows,
             "",
+            "Over the local SDK in the same run (p50 minus p50, ms):",
+            "",
+            *_overheads(),
+            "",
         ]
     )
     print(table)
+    if args.json is not None:
+        args.json.write_text(json.dumps(MEASURED, indent=1))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"server-{stamp}.md").write_text(table)
     return 0
+
+
+def _compare(before: Path, after: Path) -> str:
+    """Two ``--json`` files' rows, p50 / p95 each, side by side."""
+    old, new = json.loads(before.read_text()), json.loads(after.read_text())
+    lines = [
+        f"| row | {before.name} p50 / p95 ms | {after.name} p50 / p95 ms |",
+        "|---|---|---|",
+    ]
+    for name in dict.fromkeys([*old, *new]):
+        cells = [
+            f"{_pct(values, 50):.2f} / {_pct(values, 95):.2f}" if values else "-"
+            for values in (old.get(name) or [], new.get(name) or [])
+        ]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def _overheads() -> list[str]:
+    """Each server row's p50 less its local counterpart's."""
+    pairs = [
+        ("remote SDK: `1+1`", "local SDK: `1+1`"),
+        ("e2b client: `1+1`", "local SDK: `1+1`"),
+        ("remote pool: create -> first result", "local pool: create -> first result"),
+        ("e2b client: create -> first result", "local pool: create -> first result"),
+    ]
+    lines = []
+    for row, local in pairs:
+        if MEASURED.get(row) and MEASURED.get(local):
+            extra = _pct(MEASURED[row], 50) - _pct(MEASURED[local], 50)
+            lines.append(f"- {row}: {extra:+.2f}")
+    return lines
 
 
 def _e2b_rows(url: str, key: str, ready: Callable[[], None], runs: int) -> list[str]:

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import socket
+import ssl
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
@@ -58,6 +59,25 @@ STDIN_PIECE = 512 * 1024
 """Bytes of stdin per request (base64 makes them 4/3 as many on the wire)."""
 
 _RESULT_FIELDS = {f.name for f in fields(Result)}
+
+_TLS_LOCK = threading.Lock()
+_TLS: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
+
+
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default verifying TLS context, built once per process (per CA settings).
+
+    Building one loads the CA bundle (~20 ms); a client made per sandbox would pay that
+    on every create, even for an ``http://`` server. The context is the one httpx would
+    build itself, so certificate checks are unchanged; ``SSL_CERT_FILE`` and
+    ``SSL_CERT_DIR`` are honoured as httpx does, as of the first client made with them.
+    """
+    where = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    with _TLS_LOCK:
+        context = _TLS.get(where)
+        if context is None:
+            context = _TLS[where] = httpx.create_ssl_context()
+        return context
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +169,7 @@ class RemoteCore:
             base_url=target.url,
             headers={"Authorization": f"Bearer {target.key}"},
             timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=10.0),
+            verify=_tls_context(),
         )
         self._lock = threading.RLock()
         self._closed = False
@@ -283,15 +304,21 @@ class RemoteCore:
         }
         execution = Execution()
         wait = httpx.Timeout(limit + HOST_BACKSTOP + STREAM_SLACK, connect=10.0)
+        ended = False
         try:
             with self._client.stream(
                 "POST", self._path("/execute"), json=body, timeout=wait
             ) as response:
                 _raise_for(response)
                 for line in response.iter_lines():
-                    if line and self._fold(execution, json.loads(line), callbacks):
-                        return execution
+                    # The server ends the body right after end_of_execution: reading it
+                    # to its end keeps the connection for the next call (a response
+                    # closed half-read closes its connection).
+                    if not ended and line:
+                        ended = self._fold(execution, json.loads(line), callbacks)
         except httpx.TimeoutException:
+            if ended:
+                return execution
             return _aborted(
                 execution,
                 "timeout",
@@ -299,6 +326,8 @@ class RemoteCore:
                 f"execution timed out after {limit:g} seconds and the server did not answer",
             )
         except httpx.TransportError as exc:
+            if ended:
+                return execution
             return _aborted(
                 execution,
                 "died",
@@ -306,6 +335,8 @@ class RemoteCore:
                 f"the connection to the sandlot server was lost ({exc}); what the cell "
                 "printed before is kept",
             )
+        if ended:
+            return execution
         return _aborted(execution, "died", "SandboxLostError", "the server ended the stream early")
 
     @staticmethod

@@ -23,7 +23,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Protocol
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from sandlot import Execution, ExecutionError, OutputMessage, Result, SandlotError, stream_only
 from sandlot.server._manager import RunningCell, SandboxManager
@@ -32,7 +35,14 @@ from sandlot.server._store import Principal, Store
 
 log = logging.getLogger("sandlot.server")
 
-Push = Callable[[dict[str, Any] | None], None]
+
+class Push(Protocol):
+    """Hands a stream a message; ``None`` ends the stream. ``last=True``: this message
+    ends it too, delivered with the end in one step (the client has the whole
+    response at once, not the message and then, a moment later, the end)."""
+
+    def __call__(self, item: dict[str, Any] | None, /, *, last: bool = False) -> None: ...
+
 
 OUTCOME = {
     "ok": "ok",
@@ -164,7 +174,7 @@ class CellRunner:
                     {"outcome": "killed", "status": "died", "error_name": type(exc).__name__},
                 )
                 self.metrics.executions.labels("killed").inc()
-                push({"type": "end_of_execution", "exception": exception_message(exc)})
+                push({"type": "end_of_execution", "exception": exception_message(exc)}, last=True)
                 return
             self._finish(execution, sizes, push)
         except Exception:
@@ -173,7 +183,8 @@ class CellRunner:
                 {
                     "type": "end_of_execution",
                     "exception": {"type": "ServerError", "message": "internal server error"},
-                }
+                },
+                last=True,
             )
         finally:
             self.manager.touch(entry, -1)
@@ -222,18 +233,21 @@ class CellRunner:
                 "network": None
                 if execution.network is None
                 else [event.to_dict() for event in execution.network],
-            }
+            },
+            last=True,
         )
 
 
 QUEUE_BYTES = 8 * 1024 * 1024
 """Bytes of a stream's messages that may wait for a slow client; past it the cell's
 worker waits (and with it the sandbox, see ``backends._channel.QUEUE_COST``)."""
+BATCH_BYTES = 256 * 1024
+"""Messages already waiting are sent together up to about this many bytes per chunk."""
 STALL_SECONDS = 60.0
 """How long a client may leave the queue full before its cell is cut."""
 
 
-async def ndjson(
+def ndjson(
     work: Callable[[Push], None],
     executor: Executor,
     on_abandon: Callable[[], None],
@@ -242,7 +256,8 @@ async def ndjson(
     queue_bytes: int = QUEUE_BYTES,
     stall_seconds: float = STALL_SECONDS,
 ) -> AsyncIterator[bytes]:
-    """Run ``work(push)`` in ``executor`` and yield what it pushes, one JSON line each.
+    """Run ``work(push)`` in ``executor`` once the stream is first read, and yield what
+    it pushes, one JSON line each.
 
     ``push(None)`` ends the stream. If the stream is abandoned first (the client
     disconnected, or the server is cancelling the request), ``on_abandon`` runs in a
@@ -253,6 +268,65 @@ async def ndjson(
     queue is full gets a last ``error`` message (``ClientTooSlow``), everything after
     it is dropped, and ``on_stall`` (default ``on_abandon``) runs to cut the work short.
     """
+    _, chunks, _ = _ndjson(
+        work,
+        executor,
+        on_abandon,
+        on_stall,
+        queue_bytes=queue_bytes,
+        stall_seconds=stall_seconds,
+    )
+    return chunks
+
+
+class EagerNdjson(StreamingResponse):
+    """An NDJSON response whose work starts now, while the response is still being
+    made and its headers sent (a cell's first message is then often ready when the
+    stream is first read). As :func:`ndjson` otherwise; a response that ends without
+    ever reading its stream (the client left before its headers went out) abandons the
+    work as a disconnect does. A response never sent at all (a server error between
+    this and sending it) leaves the work to end on its own or to stall, as a client
+    that reads nothing would."""
+
+    def __init__(
+        self,
+        work: Callable[[Push], None],
+        executor: Executor,
+        on_abandon: Callable[[], None],
+        on_stall: Callable[[], None] | None = None,
+        *,
+        stall_seconds: float = STALL_SECONDS,
+        media_type: str = "application/x-ndjson",
+    ) -> None:
+        start, chunks, self._unread = _ndjson(
+            work,
+            executor,
+            on_abandon,
+            on_stall,
+            queue_bytes=QUEUE_BYTES,
+            stall_seconds=stall_seconds,
+        )
+        super().__init__(chunks, media_type=media_type)
+        start()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._unread()
+
+
+def _ndjson(
+    work: Callable[[Push], None],
+    executor: Executor,
+    on_abandon: Callable[[], None],
+    on_stall: Callable[[], None] | None,
+    *,
+    queue_bytes: int,
+    stall_seconds: float,
+) -> tuple[Callable[[], None], AsyncIterator[bytes], Callable[[], None]]:
+    """The machinery of :func:`ndjson`: (start the work, the stream, abandon the work if
+    the stream was never read)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
     room = threading.Condition()
@@ -260,12 +334,16 @@ async def ndjson(
     gone = False  # the client left: drop everything
     cut = False  # the client was too slow: drop everything after the notice
 
-    def deliver(item: bytes | None) -> None:
+    def put(items: tuple[bytes | None, ...]) -> None:
+        for item in items:
+            queue.put_nowait(item)
+
+    def deliver(*items: bytes | None) -> None:
         # RuntimeError: the event loop is gone (server stopped); nobody is listening.
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            loop.call_soon_threadsafe(put, items)
 
-    def push(item: dict[str, Any] | None) -> None:
+    def push(item: dict[str, Any] | None, /, *, last: bool = False) -> None:
         nonlocal waiting, cut
         if item is None:
             deliver(None)
@@ -298,7 +376,10 @@ async def ndjson(
                 target=on_stall or on_abandon, name="sandlot-stall", daemon=True
             ).start()
             return
-        deliver(data)
+        if last:
+            deliver(data, None)
+        else:
+            deliver(data)
 
     def taken(size: int) -> None:
         nonlocal waiting
@@ -312,19 +393,57 @@ async def ndjson(
             gone = True
             room.notify_all()
 
-    loop.run_in_executor(executor, work, push)
-    finished = False
-    try:
-        while True:
-            item = await queue.get()
-            if item is None:
-                finished = True
-                return
+    started = read = False
+
+    def start() -> None:
+        nonlocal started
+        if not started:
+            started = True
+            loop.run_in_executor(executor, work, push)
+
+    def unread() -> None:
+        if started and not read:
+            leave()
+            threading.Thread(target=on_abandon, name="sandlot-abandon", daemon=True).start()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        nonlocal read
+        read = True
+        start()
+        finished = False
+        try:
+            async for chunk in _batches(queue, taken):
+                yield chunk
+            finished = True
+        finally:
+            leave()
+            if not finished:
+                threading.Thread(target=on_abandon, name="sandlot-abandon", daemon=True).start()
+
+    return start, chunks(), unread
+
+
+async def _batches(
+    queue: asyncio.Queue[bytes | None], taken: Callable[[int], None]
+) -> AsyncIterator[bytes]:
+    """The queue's messages until its None; what else is already waiting goes out with
+    each one, as one chunk: one write (and one read by the client) instead of one per
+    message."""
+    while True:
+        item = await queue.get()
+        batch: list[bytes] = []
+        size = 0
+        while item is not None:
+            batch.append(item)
+            size += len(item)
+            if size >= BATCH_BYTES or queue.empty():
+                break
+            item = queue.get_nowait()
+        if batch:
+            chunk = b"".join(batch)
             # Counted as taken once handed on: the server's own buffers downstream are
             # bounded by the transport's flow control.
-            taken(len(item))
-            yield item
-    finally:
-        leave()
-        if not finished:
-            threading.Thread(target=on_abandon, name="sandlot-abandon", daemon=True).start()
+            taken(len(chunk))
+            yield chunk
+        if item is None:
+            return

@@ -456,7 +456,7 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
     async def kill(request: Request, principal: Auth, sandbox_id: str) -> Response:
         state = state_of(request)
         entry = owned(request, principal, sandbox_id)
-        await state.blocking(state.manager.kill, entry, "killed")
+        state.manager.kill(entry, "killed")  # its processes are reaped in the background
         return Response(status_code=204)
 
     @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)

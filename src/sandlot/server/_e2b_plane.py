@@ -69,7 +69,7 @@ from sandlot.server._routes import (
     list_contexts,
     upload,
 )
-from sandlot.server._state import ServerState, api_key_of
+from sandlot.server._state import ServerState, api_key_of, principal_for
 from sandlot.server._store import Principal
 
 log = logging.getLogger("sandlot.server")
@@ -121,7 +121,7 @@ async def _principal_by_key(state: ServerState, headers: dict[str, str]) -> Prin
     key = api_key_of(_HeaderRequest(headers))  # type: ignore[arg-type]
     if not key:
         return None
-    return await state.blocking(state.store.authenticate, key)
+    return await principal_for(state, key)
 
 
 async def resolve_normal(
@@ -251,11 +251,14 @@ class E2bWire:
         if debug and not any(service in path for service in CONNECT_SERVICES):
             await self.app(scope, receive, send)  # the debug-mode routes (_e2b.py)
             return
-        headers = _headers(scope)
         signed = not debug and path == "/files" and b"signature=" in scope.get("query_string", b"")
-        if not debug and "e2b-sandbox-id" not in headers and not signed:
+        # ASGI header names are lower case. Most requests (the native API, E2B's
+        # control plane) name no sandbox: they pass on without the header dict.
+        named = any(name == b"e2b-sandbox-id" for name, _ in scope.get("headers", ()))
+        if not debug and not named and not signed:
             await self.app(scope, receive, send)
             return
+        headers = _headers(scope)
         entry: ManagedSandbox | None = None
         target: Target | ApiError
         try:

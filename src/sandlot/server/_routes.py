@@ -32,7 +32,7 @@ from sandlot import (
     stream_only,
 )
 from sandlot.policy import MiB, Resources
-from sandlot.server._cells import CellRunner, exception_message, ndjson
+from sandlot.server._cells import CellRunner, EagerNdjson, exception_message, ndjson
 from sandlot.server._manager import ApiError, ManagedSandbox
 from sandlot.server._state import ServerState, authenticate, state_of
 from sandlot.server._store import Principal
@@ -300,7 +300,8 @@ async def get_sandbox(entry: Known) -> SandboxInfo:
 @router.delete("/v1/sandboxes/{sandbox_id}", status_code=204, tags=["sandboxes"])
 async def kill_sandbox(request: Request, entry: Known) -> None:
     state = state_of(request)
-    await state.blocking(state.manager.kill, entry, "killed")  # counted by the manager
+    # Counted by the manager; its processes are reaped in the background.
+    state.manager.kill(entry, "killed")
 
 
 @router.post("/v1/sandboxes/{sandbox_id}/timeout", status_code=204, tags=["sandboxes"])
@@ -353,14 +354,15 @@ async def execute(
         timeout=timeout,
         adapt_result=adapt_result,
     )
-    stream = ndjson(
+    # The cell starts now, while the response's headers go out.
+    return EagerNdjson(
         runner,
         state.executor,
         lambda: state.manager.interrupt_cell(cell, "client disconnected"),
         lambda: state.manager.interrupt_cell(cell, "client too slow"),
         stall_seconds=state.settings.client_stall_timeout,
+        media_type=NDJSON,
     )
-    return StreamingResponse(stream, media_type=NDJSON)
 
 
 @router.post(

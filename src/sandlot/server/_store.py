@@ -16,6 +16,7 @@ rows: egress rows as they are written, both tables in :meth:`Store.prune`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -160,6 +161,24 @@ sandbox and a server that died mid-cell."""
 
 _DUMMY_HASH = hashlib.sha256(b"sandlot: no such key").hexdigest()
 
+# The statements of the per-request and per-cell queries, built once: building a
+# SQLAlchemy statement costs more than running it on SQLite (the values are bound
+# parameters, so the compiled form is cached and reused too).
+_KEY_ROW = sa.select(api_keys.c.tenant, api_keys.c.secret_sha256).where(
+    api_keys.c.key_id == sa.bindparam("key_id"), api_keys.c.revoked_at.is_(None)
+)
+_CEILINGS_ROW = sa.select(tenant_ceilings.c.ceilings).where(
+    tenant_ceilings.c.tenant == sa.bindparam("tenant")
+)
+_QUOTAS_ROW = sa.select(tenants).where(tenants.c.name == sa.bindparam("tenant"))
+_EGRESS_ROW = sa.select(tenant_egress.c.allow_out).where(
+    tenant_egress.c.tenant == sa.bindparam("tenant")
+)
+_SANDBOX_STARTED = sandboxes.insert()
+_RECOVERY_STARTED = sandbox_recovery.insert()
+_EXECUTION_STARTED = executions.insert()
+_EXECUTION_COLUMNS = frozenset(column.name for column in executions.columns)
+
 
 @dataclass(frozen=True, slots=True)
 class Principal:
@@ -226,7 +245,11 @@ class Store:
         self.audit_max_age = audit_max_age
         self.audit_max_rows = audit_max_rows
         self.engine: Engine = sa.create_engine(url, future=True)
-        if self.engine.dialect.name == "sqlite":
+        self.embedded = self.engine.dialect.name == "sqlite"
+        """An embedded database (SQLite): a key lookup is a few tens of microseconds
+        on this host, cheaper than handing it to a thread. Over a network (PostgreSQL)
+        every query belongs in a worker thread."""
+        if self.embedded:
             sa.event.listen(self.engine, "connect", _sqlite_pragmas(audit_sync))
         _metadata.create_all(self.engine)
         self._add_missing_columns()
@@ -287,11 +310,7 @@ class Store:
         row = None
         if prefix == KEY_PREFIX and key_id and secret and len(key) < 200:
             with self.engine.connect() as conn:
-                row = conn.execute(
-                    sa.select(api_keys.c.tenant, api_keys.c.secret_sha256).where(
-                        api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None)
-                    )
-                ).first()
+                row = conn.execute(_KEY_ROW, {"key_id": key_id}).first()
         # Compare even when there is no row, so a miss costs the same as a wrong secret.
         expected = row.secret_sha256 if row is not None else _DUMMY_HASH
         matches = hmac.compare_digest(_hash_secret(secret), expected)
@@ -322,7 +341,7 @@ class Store:
 
     def tenant_quotas(self, tenant: str) -> TenantQuotas:
         with self.engine.connect() as conn:
-            row = conn.execute(sa.select(tenants).where(tenants.c.name == tenant)).first()
+            row = conn.execute(_QUOTAS_ROW, {"tenant": tenant}).first()
         if row is None:
             return TenantQuotas(None, None, None)
         return TenantQuotas(row.max_sandboxes, row.creates_per_minute, row.max_memory_mb)
@@ -341,18 +360,22 @@ class Store:
         ``backend`` (the registry name that reads it), for crash recovery."""
         with self.engine.begin() as conn:
             conn.execute(
-                sandboxes.insert().values(
-                    sandbox_id=sandbox_id,
-                    tenant=tenant,
-                    template=template,
-                    created_at=time.time(),
-                )
+                _SANDBOX_STARTED,
+                {
+                    "sandbox_id": sandbox_id,
+                    "tenant": tenant,
+                    "template": template,
+                    "created_at": time.time(),
+                },
             )
             if backend is not None and recovery is not None:
                 conn.execute(
-                    sandbox_recovery.insert().values(
-                        sandbox_id=sandbox_id, backend=backend, token=json.dumps(dict(recovery))
-                    )
+                    _RECOVERY_STARTED,
+                    {
+                        "sandbox_id": sandbox_id,
+                        "backend": backend,
+                        "token": json.dumps(dict(recovery)),
+                    },
                 )
 
     def sandbox_ended(self, sandbox_id: str, reason: str) -> None:
@@ -422,19 +445,20 @@ class Store:
         data = code.encode("utf-8", "replace")
         with self.engine.begin() as conn:
             conn.execute(
-                executions.insert().values(
-                    execution_id=execution_id,
-                    tenant=principal.tenant,
-                    key_id=principal.key_id,
-                    sandbox_id=sandbox_id,
-                    context=context,
-                    started_at=time.time(),
-                    outcome="running",
-                    code=code if keep_code else None,
-                    code_sha256=hashlib.sha256(data).hexdigest(),
-                    code_bytes=len(data),
-                    precheck=_as_json(precheck),
-                )
+                _EXECUTION_STARTED,
+                {
+                    "execution_id": execution_id,
+                    "tenant": principal.tenant,
+                    "key_id": principal.key_id,
+                    "sandbox_id": sandbox_id,
+                    "context": context,
+                    "started_at": time.time(),
+                    "outcome": "running",
+                    "code": code if keep_code else None,
+                    "code_sha256": hashlib.sha256(data).hexdigest(),
+                    "code_bytes": len(data),
+                    "precheck": _as_json(precheck),
+                },
             )
 
     def execution_finished(self, execution_id: str, values: Mapping[str, Any]) -> None:
@@ -446,9 +470,12 @@ class Store:
             if name in row:
                 row[name] = _as_json(row[name])
         row.setdefault("finished_at", time.time())
+        unknown = sorted(set(row) - _EXECUTION_COLUMNS)
+        if unknown:
+            raise InvalidArgumentError(f"executions has no column(s) {unknown}")
         with self.engine.begin() as conn:
             conn.execute(
-                executions.update().where(executions.c.execution_id == execution_id).values(**row)
+                _execution_finished(frozenset(row)), {**row, "_execution_id": execution_id}
             )
 
     def query_executions(
@@ -489,9 +516,7 @@ class Store:
     def tenant_egress(self, tenant: str) -> list[str] | None:
         """The tenant's own allowlist, or None when only the server's applies."""
         with self.engine.connect() as conn:
-            value = conn.execute(
-                sa.select(tenant_egress.c.allow_out).where(tenant_egress.c.tenant == tenant)
-            ).scalar()
+            value = conn.execute(_EGRESS_ROW, {"tenant": tenant}).scalar()
         return None if value is None else [str(entry) for entry in json.loads(value)]
 
     def set_tenant_ceilings(self, tenant: str, ceilings: Mapping[str, float]) -> None:
@@ -509,9 +534,7 @@ class Store:
     def tenant_ceilings(self, tenant: str) -> dict[str, float]:
         """The tenant's own ceilings ({} when only the server's apply)."""
         with self.engine.connect() as conn:
-            value = conn.execute(
-                sa.select(tenant_ceilings.c.ceilings).where(tenant_ceilings.c.tenant == tenant)
-            ).scalar()
+            value = conn.execute(_CEILINGS_ROW, {"tenant": tenant}).scalar()
         return {} if value is None else {str(k): v for k, v in json.loads(value).items()}
 
     # --- network audit ------------------------------------------------------------------
@@ -599,6 +622,18 @@ class Store:
         with self.engine.connect() as conn:
             rows = [dict(row._mapping) for row in conn.execute(query)]
         return rows[::-1]
+
+
+@functools.lru_cache(maxsize=64)
+def _execution_finished(columns: frozenset[str]) -> sa.Update:
+    """The UPDATE that finishes an execution row, setting ``columns`` (bound as
+    parameters of the same names; the row is ``_execution_id``). One per set of
+    columns, and the server uses a handful."""
+    return (
+        executions.update()
+        .where(executions.c.execution_id == sa.bindparam("_execution_id"))
+        .values({name: sa.bindparam(name) for name in sorted(columns)})
+    )
 
 
 def _keep_newest(

@@ -1,0 +1,122 @@
+"""The NDJSON streams the server sends cells and commands in (``sandlot.server._cells``),
+driven as the ASGI server drives a response."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from starlette.types import Message
+
+from sandlot.server._cells import EagerNdjson, Push
+
+SCOPE = {"type": "http", "asgi": {"spec_version": "2.3"}, "method": "POST", "path": "/"}
+
+
+async def _no_disconnect() -> Message:
+    await asyncio.Event().wait()  # the client never leaves
+    raise AssertionError("unreachable")
+
+
+def test_a_cell_starts_before_its_response_is_sent() -> None:
+    started = threading.Event()
+
+    def work(push: Push) -> None:
+        started.set()
+        push(None)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            response = EagerNdjson(work, pool, lambda: None)
+            # Nothing sent yet, and the work is under way.
+            assert await asyncio.to_thread(started.wait, 10)
+            sent: list[Message] = []
+
+            async def send(message: Message) -> None:
+                sent.append(message)
+
+            await response(SCOPE, _no_disconnect, send)
+            assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+
+    asyncio.run(main())
+
+
+def test_a_response_whose_client_left_before_the_headers_abandons_its_cell() -> None:
+    """The stream is never read (sending the headers fails): the cell is abandoned as a
+    disconnect abandons it, and what it pushes after is dropped, not queued."""
+    abandoned = threading.Event()
+    release = threading.Event()
+    pushed_after: list[bool] = []
+
+    def work(push: Push) -> None:
+        release.wait(10)
+        push({"type": "stdout", "text": "x" * 1000})
+        pushed_after.append(True)
+        push(None)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            response = EagerNdjson(work, pool, abandoned.set)
+
+            async def send(message: Message) -> None:
+                raise OSError("the client is gone")
+
+            with pytest.raises(OSError):
+                await response(SCOPE, _no_disconnect, send)
+            assert await asyncio.to_thread(abandoned.wait, 10)
+            release.set()
+
+    asyncio.run(main())
+    assert pushed_after == [True]  # the push returned at once: nobody reads, nothing waits
+
+
+def test_messages_already_waiting_go_out_as_one_chunk() -> None:
+    pushed = threading.Event()
+
+    def work(push: Push) -> None:
+        for n in range(5):
+            push({"type": "stdout", "text": str(n)})
+        pushed.set()
+        push(None)
+
+    async def main() -> list[bytes]:
+        with ThreadPoolExecutor(1) as pool:
+            response = EagerNdjson(work, pool, lambda: None)
+            # The loop runs the pushes' deliveries (FIFO) before this wait's own.
+            assert await asyncio.to_thread(pushed.wait, 10)
+            return [chunk async for chunk in response.body_iterator]  # type: ignore[misc]
+
+    chunks = asyncio.run(main())
+    lines = b"".join(chunks).splitlines()
+    assert [json.loads(line)["text"] for line in lines] == ["0", "1", "2", "3", "4"]
+    assert len(chunks) == 1
+
+
+def test_a_last_message_ends_the_stream_with_it() -> None:
+    """``push(message, last=True)``: the client has the whole response then, not when
+    the work gets round to ``push(None)``."""
+    streamed = threading.Event()
+
+    def work(push: Push) -> None:
+        push({"type": "end_of_execution"}, last=True)
+        streamed.wait(10)  # still busy (bookkeeping) while the client reads
+        push(None)
+
+    async def main() -> list[bytes]:
+        with ThreadPoolExecutor(1) as pool:
+            response = EagerNdjson(work, pool, lambda: None)
+            try:
+                return await asyncio.wait_for(_read(response), 10)
+            finally:
+                streamed.set()
+
+    async def _read(response: EagerNdjson) -> list[bytes]:
+        return [chunk async for chunk in response.body_iterator]  # type: ignore[misc]
+
+    assert asyncio.run(main()) == [b'{"type": "end_of_execution"}\n']
