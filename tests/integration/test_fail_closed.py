@@ -223,18 +223,20 @@ def test_a_full_host_id_range_refuses_until_a_sandbox_ends(
     import sandlot
     from sandlot.backends._hostids import HostIdsExhausted
 
-    # Two ids no account uses, and a lock directory of this test's own.
+    # Two ids no account uses, and a lock directory of this test's own. Cold sandboxes,
+    # one id each (a zygote, which "auto" would start in the background, takes one too).
     monkeypatch.setenv("SANDLOT_HOST_IDS", "2000000000-2000000001")
     monkeypatch.setenv("SANDLOT_HOST_IDS_DIR", str(tmp_path))
-    first = sandlot.Sandbox(timeout=None)
-    second = sandlot.Sandbox(timeout=None)
+    started: list[sandlot.Sandbox] = []  # killed whatever fails: they hold the ids
     try:
+        first = sandlot.Sandbox(backend="bwrap", timeout=None)
+        started.append(first)
+        started.append(sandlot.Sandbox(backend="bwrap", timeout=None))
         with pytest.raises(HostIdsExhausted, match="all 2 host uids"):
-            sandlot.Sandbox(timeout=None)
+            sandlot.Sandbox(backend="bwrap", timeout=None)
         first.kill()
-        third = sandlot.Sandbox(timeout=None)
-        assert third.run_code("import os; os.getuid()").text == "1000"
-        third.kill()
+        started.append(sandlot.Sandbox(backend="bwrap", timeout=None))
+        assert started[-1].run_code("import os; os.getuid()").text == "1000"
     finally:
-        first.kill()
-        second.kill()
+        for sbx in started:
+            sbx.kill()
