@@ -38,6 +38,7 @@ from sandlot.backends._base import (
     Probe,
     RecoveryToken,
     SandboxHandle,
+    construct,
 )
 
 if TYPE_CHECKING:
@@ -283,16 +284,10 @@ def get_backend(name: str | Backend = "auto", *, egress: EgressProxy | None = No
                 f"code unsandboxed. {reasons}. Run `sandlot doctor` for details."
             )
         return load_backend(chosen).for_auto(egress)
-    backend = _make(load_backend(name), egress)
+    backend = construct(load_backend(name), egress)
     probe = backend.probe()
     if not probe.available:
         raise BackendUnavailable(f"{name} backend unavailable: {probe.reason}. Fix: {probe.fix}")
-    return backend
-
-
-def _make(cls: type[Backend], egress: EgressProxy | None) -> Backend:
-    factory: Any = cls  # every built-in backend takes ``egress=``; the ABC does not say so
-    backend: Backend = factory() if egress is None else factory(egress=egress)
     return backend
 
 

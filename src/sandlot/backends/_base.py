@@ -164,9 +164,7 @@ class Backend(ABC):
         ``cls(egress=egress)``. Default: the same; a backend may tune it for callers
         that named no backend (the zygote's first sandbox starts cold, not waiting
         for the zygote)."""
-        factory: Any = cls  # every built-in backend takes ``egress=``; the ABC does not say so
-        backend: Backend = factory() if egress is None else factory(egress=egress)
-        return backend
+        return construct(cls, egress)
 
     @classmethod
     @abstractmethod
@@ -211,3 +209,11 @@ class Backend(ABC):
         hands a ready sandbox only to a caller whose backend has an equal key (so a
         gVisor container never goes to someone who asked for runc). Default: the name."""
         return (self.name,)
+
+
+def construct(cls: type[Backend], egress: EgressProxy | None) -> Backend:
+    """``cls(egress=egress)``, or ``cls()`` without a proxy: how a backend named
+    explicitly is made, and what :meth:`Backend.for_auto` does by default."""
+    factory: Any = cls  # every built-in backend takes ``egress=``; the ABC does not say so
+    backend: Backend = factory() if egress is None else factory(egress=egress)
+    return backend
