@@ -156,6 +156,12 @@ class Supervisor:
     def reply(self, rid: str, value: Any = None) -> None:
         self.send({"type": "reply", "id": rid, "ok": True, "value": value})
 
+    def changed(self, rid: str, value: Any = None) -> None:
+        """:meth:`reply` to a files operation that changed something, once every watch
+        has forwarded what it saw of the change (so the caller finds it there)."""
+        self.watches.settle()
+        self.reply(rid, value)
+
     def fail(self, rid: str, name: str, message: str) -> None:
         self.send(
             {"type": "reply", "id": rid, "ok": False, "error": {"name": name, "message": message}}
@@ -425,8 +431,7 @@ class Supervisor:
         written = self.files.write(
             request["path"], data, request["append"], limit if isinstance(limit, int) else None
         )
-        self.watches.settle()  # watchers see the change before the caller hears it is done
-        self.reply(request["id"], written)
+        self.changed(request["id"], written)
 
     def on_fs_list(self, request: Dict[str, Any]) -> None:
         self.reply(request["id"], self.files.list(request["path"], int(request["depth"])))
@@ -436,18 +441,13 @@ class Supervisor:
 
     def on_fs_remove(self, request: Dict[str, Any]) -> None:
         self.files.remove(request["path"])
-        self.watches.settle()
-        self.reply(request["id"])
+        self.changed(request["id"])
 
     def on_fs_mkdir(self, request: Dict[str, Any]) -> None:
-        made = self.files.make_dir(request["path"])
-        self.watches.settle()
-        self.reply(request["id"], made)
+        self.changed(request["id"], self.files.make_dir(request["path"]))
 
     def on_fs_rename(self, request: Dict[str, Any]) -> None:
-        renamed = self.files.rename(request["src"], request["dst"])
-        self.watches.settle()
-        self.reply(request["id"], renamed)
+        self.changed(request["id"], self.files.rename(request["src"], request["dst"]))
 
     def on_fs_watch(self, request: Dict[str, Any]) -> None:
         self.watches.start(request)

@@ -214,7 +214,7 @@ class Watch:
         if any(fd == self.stop_r for fd, _ in poller.poll()):
             return False
         with self.reading:
-            return self._forward()
+            return self._forward() is not False
 
     def settle(self) -> None:
         """Forward every event queued so far, now, on the calling thread: what a files
@@ -222,26 +222,24 @@ class Watch:
         watch watched) before the operation answers."""
         with self.reading:
             for _ in range(SETTLE_READS):  # what is left goes out from the watch's thread
-                if self.ended:
+                if self.ended:  # closed, or ending: nothing to read, and no stop to send
                     return
-                try:
-                    data = os.read(self.fd, 65536)
-                except BlockingIOError:
+                forwarded = self._forward()
+                if forwarded is None:
                     return
-                if not self._handle(data):
-                    self.ended = True
-                    self.stop()
+                if not forwarded:
+                    self.stop()  # its thread sees the stop and ends the watch
                     return
 
-    def _forward(self) -> bool:
-        """Read and forward what is queued (nothing if nothing is); False once the
-        watch ends. Called with :attr:`reading` held."""
+    def _forward(self) -> Optional[bool]:
+        """Read and forward one batch of what is queued: None if nothing was, False once
+        the watch ends. Called with :attr:`reading` held."""
         if self.ended:
             return False
         try:
             data = os.read(self.fd, 65536)
         except BlockingIOError:
-            return True
+            return None
         if not self._handle(data):
             self.ended = True
             return False
