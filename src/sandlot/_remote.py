@@ -305,6 +305,8 @@ class RemoteCore:
         execution = Execution()
         wait = httpx.Timeout(limit + HOST_BACKSTOP + STREAM_SLACK, connect=10.0)
         ended = False
+        # What the execution says if the stream ends before end_of_execution.
+        failure = ("died", "SandboxLostError", "the server ended the stream early")
         try:
             with self._client.stream(
                 "POST", self._path("/execute"), json=body, timeout=wait
@@ -317,27 +319,19 @@ class RemoteCore:
                     if not ended and line:
                         ended = self._fold(execution, json.loads(line), callbacks)
         except httpx.TimeoutException:
-            if ended:
-                return execution
-            return _aborted(
-                execution,
+            failure = (
                 "timeout",
                 "TimeoutError",
                 f"execution timed out after {limit:g} seconds and the server did not answer",
             )
         except httpx.TransportError as exc:
-            if ended:
-                return execution
-            return _aborted(
-                execution,
+            failure = (
                 "died",
                 "SandboxLostError",
                 f"the connection to the sandlot server was lost ({exc}); what the cell "
                 "printed before is kept",
             )
-        if ended:
-            return execution
-        return _aborted(execution, "died", "SandboxLostError", "the server ended the stream early")
+        return execution if ended else _aborted(execution, *failure)
 
     @staticmethod
     def _fold(execution: Execution, message: dict[str, Any], callbacks: Callbacks) -> bool:
