@@ -369,3 +369,23 @@ def test_result_chart_is_the_e2b_dict(sandbox: Sandbox) -> None:
         "y_unit": None,
         "elements": [{"label": "a", "group": "Group 0", "value": 1.0}],
     }
+
+
+def test_an_image_saved_to_a_file_is_also_shown(sandbox: Sandbox) -> None:
+    """As in E2B's template: `img.save(path)` writes the file and returns the picture;
+    a save into a buffer (how PIL renders its own PNG) shows nothing."""
+    execution = sandbox.run_code(
+        "import io\n"
+        "from PIL import Image\n"
+        "img = Image.new('RGB', (16, 8), (200, 10, 10))\n"
+        "img.save(io.BytesIO(), format='PNG')\n"
+        "img.save('saved-image.png')\n"
+        "import os; print(os.path.getsize('saved-image.png') > 0)\n"
+    )
+    assert execution.error is None, execution.error
+    assert execution.logs.stdout == ["True\n"]
+    [shown] = execution.results
+    assert shown.png is not None and not shown.is_main_result
+    failed = sandbox.run_code("img.save('/no-such-dir/x.png')")
+    assert failed.error is not None and failed.error.name == "FileNotFoundError"
+    assert failed.results == []

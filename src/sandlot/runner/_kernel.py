@@ -271,6 +271,7 @@ class Kernel:
             "matplotlib.pyplot": self._patch_pyplot,
             "IPython.core.display_functions": self._patch_ipython,
             "IPython.display": self._patch_ipython,
+            "PIL.Image": self._patch_pil,
             # Whatever imports IPython can see its shell: start it then, if not before.
             "IPython": self._start_shell,
         }
@@ -336,6 +337,24 @@ class Kernel:
 
         pyplot.show = show
         _accept_boxplot_labels(pyplot)
+
+    def _patch_pil(self, image_module: Any) -> None:
+        # As in E2B's code-interpreter template: an image saved to a file is also shown,
+        # so an agent that writes `img.save("out.png")` gets the picture back. Only saves
+        # to a path: PIL's own PNG rendering saves into an in-memory buffer.
+        kernel = self
+        image_class = image_module.Image
+        original = image_class.save
+
+        def save(image: Any, fp: Any, *args: Any, **kwargs: Any) -> Any:
+            saved = original(image, fp, *args, **kwargs)
+            if isinstance(fp, (str, os.PathLike)) and kernel.in_cell:
+                kernel.display(image)
+            return saved
+
+        save.__wrapped__ = original  # type: ignore[attr-defined]
+        save.__doc__ = original.__doc__
+        image_class.save = save
 
     def _patch_ipython(self, module: Any) -> None:
         kernel = self
