@@ -28,8 +28,43 @@ def test_sqlite_commits_as_audit_sync_says(tmp_path: Path, sync: str, pragma: in
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == pragma
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        # The hot path's own connections (key lookups, a cell's audit rows) too.
+        assert store._driver is not None
+        driver = store._driver._connection()
+        assert driver.execute("PRAGMA synchronous").fetchone() == (pragma,)
+        assert driver.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     finally:
         store.close()
+
+
+def test_hot_path_sees_other_processes_writes_at_once(tmp_path: Path) -> None:
+    """A key revoked by `sandlot keys revoke` (another store on the same file) is refused
+    by the server's next request, and the audit rows the hot path writes are the rows
+    `sandlot audit` reads."""
+    from sandlot.server._store import Store
+
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    server, cli = Store(url), Store(url)
+    try:
+        key = cli.create_key("acme")
+        principal = server.authenticate(key)
+        assert principal is not None and principal.tenant == "acme"
+        server.execution_started(
+            execution_id="e1",
+            principal=principal,
+            sandbox_id="s1",
+            context="default",
+            code="print(1)",
+            keep_code=True,
+        )
+        server.execution_finished("e1", {"outcome": "ok", "status": "ok", "truncated": True})
+        [row] = cli.query_executions(sandbox_id="s1")
+        assert (row["code"], row["outcome"], row["truncated"]) == ("print(1)", "ok", True)
+        assert cli.revoke_key(principal.key_id)
+        assert server.authenticate(key) is None
+    finally:
+        server.close()
+        cli.close()
 
 
 def test_audit_sync_is_checked(tmp_path: Path) -> None:

@@ -21,6 +21,8 @@ import hashlib
 import hmac
 import json
 import secrets
+import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Engine
 
 from sandlot import InvalidArgumentError
@@ -217,6 +220,70 @@ def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
+_Statement = sa.Select[Any] | sa.Insert | sa.Update
+
+
+class _Driver:
+    """The per-request and per-cell statements on an SQLite file, through the driver.
+
+    A key lookup on every request and a cell's two audit rows are the store's hot path.
+    Through SQLAlchemy each pays a pool checkout and a statement-cache lookup that cost
+    several times the query (on a 2-core host: 80 us against 10 us for a key lookup, 290
+    us against 55 us for an insert and its commit). Here they run on one connection per
+    thread, with the SQL compiled once from the same Core statements, so each query is
+    still defined once. Commits keep the engine's pragmas (WAL, the ``synchronous``
+    level), so a row is as durable as through the engine.
+    """
+
+    _DIALECT = sqlite_dialect.dialect(paramstyle="named")
+
+    def __init__(self, path: str, configure: Callable[[Any, Any], None]) -> None:
+        self._path = path
+        self._configure = configure
+        self._local = threading.local()
+        self._opened: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def _connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            # Autocommit mode: each write below is its own explicit transaction.
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            self._configure(conn, None)
+            with self._lock:
+                self._opened.append(conn)
+            self._local.conn = conn
+        return conn
+
+    @staticmethod
+    @functools.lru_cache(maxsize=128)
+    def _sql(statement: _Statement, columns: frozenset[str] | None) -> str:
+        keys = None if columns is None else sorted(columns)
+        return str(statement.compile(dialect=_Driver._DIALECT, column_keys=keys))
+
+    def first(self, statement: _Statement, params: Mapping[str, Any]) -> Any:
+        """The first row of a query, as a tuple, or None."""
+        return self._connection().execute(self._sql(statement, None), params).fetchone()
+
+    def write(self, statement: _Statement, params: Mapping[str, Any]) -> None:
+        """One statement in a transaction of its own; an INSERT binds ``params``' keys."""
+        columns = frozenset(params) if isinstance(statement, sa.Insert) else None
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(self._sql(statement, columns), params)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            conn.close()
+
+
 class Store:
     """One database connection pool and the queries the server needs."""
 
@@ -249,8 +316,14 @@ class Store:
         """An embedded database (SQLite): a key lookup is a few tens of microseconds
         on this host, cheaper than handing it to a thread. Over a network (PostgreSQL)
         every query belongs in a worker thread."""
+        self._driver: _Driver | None = None
         if self.embedded:
-            sa.event.listen(self.engine, "connect", _sqlite_pragmas(audit_sync))
+            pragmas = _sqlite_pragmas(audit_sync)
+            sa.event.listen(self.engine, "connect", pragmas)
+            database = self.engine.url.database
+            if database and database != ":memory:":
+                # A file (an in-memory database is one per connection: engine only).
+                self._driver = _Driver(database, pragmas)
         _metadata.create_all(self.engine)
         self._add_missing_columns()
 
@@ -276,7 +349,22 @@ class Store:
                 raise
 
     def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
         self.engine.dispose()
+
+    def _first(self, statement: _Statement, params: Mapping[str, Any]) -> Any:
+        if self._driver is not None:
+            return self._driver.first(statement, params)
+        with self.engine.connect() as conn:
+            return conn.execute(statement, params).first()
+
+    def _write(self, statement: _Statement, params: Mapping[str, Any]) -> None:
+        if self._driver is not None:
+            self._driver.write(statement, params)
+            return
+        with self.engine.begin() as conn:
+            conn.execute(statement, params)
 
     # --- tenants and keys ------------------------------------------------------------
     def create_key(self, tenant: str, quotas: TenantQuotas | None = None) -> str:
@@ -309,14 +397,13 @@ class Store:
         key_id, _, secret = rest.partition("_")
         row = None
         if prefix == KEY_PREFIX and key_id and secret and len(key) < 200:
-            with self.engine.connect() as conn:
-                row = conn.execute(_KEY_ROW, {"key_id": key_id}).first()
+            row = self._first(_KEY_ROW, {"key_id": key_id})
         # Compare even when there is no row, so a miss costs the same as a wrong secret.
-        expected = row.secret_sha256 if row is not None else _DUMMY_HASH
+        expected = row[1] if row is not None else _DUMMY_HASH
         matches = hmac.compare_digest(_hash_secret(secret), expected)
         if row is None or not matches:
             return None
-        return Principal(tenant=row.tenant, key_id=key_id)
+        return Principal(tenant=row[0], key_id=key_id)
 
     def revoke_key(self, key_id: str) -> bool:
         with self.engine.begin() as conn:
@@ -443,23 +530,22 @@ class Store:
         precheck: Any = None,
     ) -> None:
         data = code.encode("utf-8", "replace")
-        with self.engine.begin() as conn:
-            conn.execute(
-                _EXECUTION_STARTED,
-                {
-                    "execution_id": execution_id,
-                    "tenant": principal.tenant,
-                    "key_id": principal.key_id,
-                    "sandbox_id": sandbox_id,
-                    "context": context,
-                    "started_at": time.time(),
-                    "outcome": "running",
-                    "code": code if keep_code else None,
-                    "code_sha256": hashlib.sha256(data).hexdigest(),
-                    "code_bytes": len(data),
-                    "precheck": _as_json(precheck),
-                },
-            )
+        self._write(
+            _EXECUTION_STARTED,
+            {
+                "execution_id": execution_id,
+                "tenant": principal.tenant,
+                "key_id": principal.key_id,
+                "sandbox_id": sandbox_id,
+                "context": context,
+                "started_at": time.time(),
+                "outcome": "running",
+                "code": code if keep_code else None,
+                "code_sha256": hashlib.sha256(data).hexdigest(),
+                "code_bytes": len(data),
+                "precheck": _as_json(precheck),
+            },
+        )
 
     def execution_finished(self, execution_id: str, values: Mapping[str, Any]) -> None:
         row = dict(values)
@@ -473,10 +559,7 @@ class Store:
         unknown = sorted(set(row) - _EXECUTION_COLUMNS)
         if unknown:
             raise InvalidArgumentError(f"executions has no column(s) {unknown}")
-        with self.engine.begin() as conn:
-            conn.execute(
-                _execution_finished(frozenset(row)), {**row, "_execution_id": execution_id}
-            )
+        self._write(_execution_finished(frozenset(row)), {**row, "_execution_id": execution_id})
 
     def query_executions(
         self,
@@ -533,8 +616,8 @@ class Store:
 
     def tenant_ceilings(self, tenant: str) -> dict[str, float]:
         """The tenant's own ceilings ({} when only the server's apply)."""
-        with self.engine.connect() as conn:
-            value = conn.execute(_CEILINGS_ROW, {"tenant": tenant}).scalar()
+        row = self._first(_CEILINGS_ROW, {"tenant": tenant})
+        value = None if row is None else row[0]
         return {} if value is None else {str(k): v for k, v in json.loads(value).items()}
 
     # --- network audit ------------------------------------------------------------------
