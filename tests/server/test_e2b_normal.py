@@ -430,3 +430,30 @@ def test_watch_dir_sync_and_async(wire: Wire) -> None:
         return got
 
     assert ("er/b.txt", FilesystemEventType.CREATE) in asyncio.run(scenario())
+
+
+def test_a_user_the_sandbox_does_not_have_is_refused(wire: Wire) -> None:
+    """`user="root"` (common in E2B programs) must not quietly run as the sandbox's one
+    unprivileged user: commands, file reads and writes and signed file URLs refuse it
+    with the SDK's InvalidArgumentException; `user="user"` and no user work."""
+    from e2b import InvalidArgumentException, Sandbox
+
+    sbx = Sandbox.create(**wire.opts())
+    try:
+        for user in ("root", "postgres"):
+            with pytest.raises(InvalidArgumentException, match=f"user '{user}' is not available"):
+                sbx.commands.run("id -u", user=user)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentException, match="not available"):
+                sbx.files.write("owned-by-root.txt", "x", user=user)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentException, match="not available"):
+                sbx.files.read("/home/user/.bashrc", user=user)  # type: ignore[arg-type]
+        assert not sbx.files.exists("owned-by-root.txt")
+        assert sbx.commands.run("id -un", user="user").stdout.strip() == "user"
+        assert sbx.commands.run("id -un").stdout.strip() == "user"
+        sbx.files.write("mine.txt", "ok", user="user")
+        signed = sbx.upload_url("signed.txt", user="root")  # type: ignore[arg-type]
+        refused = httpx.post(signed, files={"file": ("signed.txt", b"x")})
+        assert refused.status_code == 400 and "not available" in refused.text
+        assert not sbx.files.exists("signed.txt")
+    finally:
+        sbx.kill()

@@ -110,6 +110,45 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
+SANDBOX_USER = "user"
+"""The one user a sandlot sandbox has (unprivileged; no root, no sudo)."""
+
+
+def requested_user(headers: dict[str, str], scope: Scope) -> str | None:
+    """The user an E2B call asks to run as (``user=`` in the SDK): the ``username`` of
+    a file URL's query, else the name of envd's ``Authorization: Basic NAME:`` header
+    (an empty password: with one, the header carries an API key instead). None: unnamed."""
+    raw_query: bytes = scope.get("query_string", b"")
+    named = (urllib.parse.parse_qs(raw_query.decode("latin-1")).get("username") or [""])[0]
+    if named:
+        return named
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        name, _, password = base64.b64decode(value.strip()).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return (name or None) if not password else None
+
+
+def check_user(user: str | None) -> None:
+    """Refuse a user the sandbox does not have, rather than run as another one."""
+    if user is None or user == SANDBOX_USER:
+        return
+    why = (
+        "a sandlot sandbox has no root and no sudo"
+        if user == "root"
+        else "a sandlot sandbox has one user"
+    )
+    raise ApiError(
+        400,
+        "InvalidArgumentError",
+        f"user {user[:64]!r} is not available: {why}; everything runs as the unprivileged "
+        f"{SANDBOX_USER!r} (leave user unset, or pass user={SANDBOX_USER!r})",
+    )
+
+
 class _HeaderRequest:
     """Just enough of a Request for :func:`api_key_of`."""
 
@@ -268,6 +307,8 @@ class E2bWire:
                 entry, principal, path = await resolve_debug(self.state, headers, path)
             else:
                 entry, principal = await resolve_normal(self.state, self.registry, headers)
+            if not debug:
+                check_user(requested_user(headers, scope))
             target = Target(self.state, entry, principal)
         except (ApiError, SandlotError) as exc:
             # SandlotError: the default sandbox could not start (debug mode).
