@@ -173,12 +173,22 @@ _KEY_ROW = sa.select(api_keys.c.tenant, api_keys.c.secret_sha256).where(
 _CEILINGS_ROW = sa.select(tenant_ceilings.c.ceilings).where(
     tenant_ceilings.c.tenant == sa.bindparam("tenant")
 )
-_QUOTAS_ROW = sa.select(tenants).where(tenants.c.name == sa.bindparam("tenant"))
+_QUOTAS_ROW = sa.select(
+    tenants.c.max_sandboxes, tenants.c.creates_per_minute, tenants.c.max_memory_mb
+).where(tenants.c.name == sa.bindparam("tenant"))
 _EGRESS_ROW = sa.select(tenant_egress.c.allow_out).where(
     tenant_egress.c.tenant == sa.bindparam("tenant")
 )
 _SANDBOX_STARTED = sandboxes.insert()
 _RECOVERY_STARTED = sandbox_recovery.insert()
+_SANDBOX_ENDED = (
+    sandboxes.update()
+    .where(sandboxes.c.sandbox_id == sa.bindparam("_sandbox_id"), sandboxes.c.ended_at.is_(None))
+    .values(ended_at=sa.bindparam("ended_at"), end_reason=sa.bindparam("end_reason"))
+)
+_RECOVERY_ENDED = sandbox_recovery.delete().where(
+    sandbox_recovery.c.sandbox_id == sa.bindparam("_sandbox_id")
+)
 _EXECUTION_STARTED = executions.insert()
 _EXECUTION_COLUMNS = frozenset(column.name for column in executions.columns)
 
@@ -220,7 +230,8 @@ def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
-_Statement = sa.Select[Any] | sa.Insert | sa.Update
+_Statement = sa.Select[Any] | sa.Insert | sa.Update | sa.Delete
+_Step = tuple[_Statement, Mapping[str, Any]]
 
 
 class _Driver:
@@ -265,13 +276,14 @@ class _Driver:
         """The first row of a query, as a tuple, or None."""
         return self._connection().execute(self._sql(statement, None), params).fetchone()
 
-    def write(self, statement: _Statement, params: Mapping[str, Any]) -> None:
-        """One statement in a transaction of its own; an INSERT binds ``params``' keys."""
-        columns = frozenset(params) if isinstance(statement, sa.Insert) else None
+    def write(self, *steps: _Step) -> None:
+        """Statements in one transaction; an INSERT binds its parameters' keys."""
         conn = self._connection()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute(self._sql(statement, columns), params)
+            for statement, params in steps:
+                columns = frozenset(params) if isinstance(statement, sa.Insert) else None
+                conn.execute(self._sql(statement, columns), params)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -359,12 +371,13 @@ class Store:
         with self.engine.connect() as conn:
             return conn.execute(statement, params).first()
 
-    def _write(self, statement: _Statement, params: Mapping[str, Any]) -> None:
+    def _write(self, *steps: _Step) -> None:
         if self._driver is not None:
-            self._driver.write(statement, params)
+            self._driver.write(*steps)
             return
         with self.engine.begin() as conn:
-            conn.execute(statement, params)
+            for statement, params in steps:
+                conn.execute(statement, params)
 
     # --- tenants and keys ------------------------------------------------------------
     def create_key(self, tenant: str, quotas: TenantQuotas | None = None) -> str:
@@ -427,11 +440,10 @@ class Store:
             return [dict(row._mapping) for row in rows]
 
     def tenant_quotas(self, tenant: str) -> TenantQuotas:
-        with self.engine.connect() as conn:
-            row = conn.execute(_QUOTAS_ROW, {"tenant": tenant}).first()
+        row = self._first(_QUOTAS_ROW, {"tenant": tenant})
         if row is None:
             return TenantQuotas(None, None, None)
-        return TenantQuotas(row.max_sandboxes, row.creates_per_minute, row.max_memory_mb)
+        return TenantQuotas(row[0], row[1], row[2])
 
     # --- sandboxes ----------------------------------------------------------------------
     def sandbox_started(
@@ -445,8 +457,8 @@ class Store:
     ) -> None:
         """Record a new sandbox; with ``recovery`` (its handle's recovery token) and
         ``backend`` (the registry name that reads it), for crash recovery."""
-        with self.engine.begin() as conn:
-            conn.execute(
+        steps: list[_Step] = [
+            (
                 _SANDBOX_STARTED,
                 {
                     "sandbox_id": sandbox_id,
@@ -455,26 +467,22 @@ class Store:
                     "created_at": time.time(),
                 },
             )
-            if backend is not None and recovery is not None:
-                conn.execute(
-                    _RECOVERY_STARTED,
-                    {
-                        "sandbox_id": sandbox_id,
-                        "backend": backend,
-                        "token": json.dumps(dict(recovery)),
-                    },
-                )
+        ]
+        if backend is not None and recovery is not None:
+            token = json.dumps(dict(recovery))
+            steps.append(
+                (_RECOVERY_STARTED, {"sandbox_id": sandbox_id, "backend": backend, "token": token})
+            )
+        self._write(*steps)
 
     def sandbox_ended(self, sandbox_id: str, reason: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                sandboxes.update()
-                .where(sandboxes.c.sandbox_id == sandbox_id, sandboxes.c.ended_at.is_(None))
-                .values(ended_at=time.time(), end_reason=reason)
-            )
-            conn.execute(
-                sandbox_recovery.delete().where(sandbox_recovery.c.sandbox_id == sandbox_id)
-            )
+        self._write(
+            (
+                _SANDBOX_ENDED,
+                {"_sandbox_id": sandbox_id, "ended_at": time.time(), "end_reason": reason},
+            ),
+            (_RECOVERY_ENDED, {"_sandbox_id": sandbox_id}),
+        )
 
     def unfinished_recovery_tokens(self) -> list[tuple[str, dict[str, Any]]]:
         """(backend, recovery token) of every sandbox still open (the previous server
@@ -530,7 +538,7 @@ class Store:
         precheck: Any = None,
     ) -> None:
         data = code.encode("utf-8", "replace")
-        self._write(
+        started: _Step = (
             _EXECUTION_STARTED,
             {
                 "execution_id": execution_id,
@@ -546,6 +554,7 @@ class Store:
                 "precheck": _as_json(precheck),
             },
         )
+        self._write(started)
 
     def execution_finished(self, execution_id: str, values: Mapping[str, Any]) -> None:
         row = dict(values)
@@ -559,7 +568,7 @@ class Store:
         unknown = sorted(set(row) - _EXECUTION_COLUMNS)
         if unknown:
             raise InvalidArgumentError(f"executions has no column(s) {unknown}")
-        self._write(_execution_finished(frozenset(row)), {**row, "_execution_id": execution_id})
+        self._write((_execution_finished(frozenset(row)), {**row, "_execution_id": execution_id}))
 
     def query_executions(
         self,
@@ -598,8 +607,8 @@ class Store:
 
     def tenant_egress(self, tenant: str) -> list[str] | None:
         """The tenant's own allowlist, or None when only the server's applies."""
-        with self.engine.connect() as conn:
-            value = conn.execute(_EGRESS_ROW, {"tenant": tenant}).scalar()
+        row = self._first(_EGRESS_ROW, {"tenant": tenant})
+        value = None if row is None else row[0]
         return None if value is None else [str(entry) for entry in json.loads(value)]
 
     def set_tenant_ceilings(self, tenant: str, ceilings: Mapping[str, float]) -> None:
