@@ -207,8 +207,20 @@ class AsyncFilesystem:
             return await _in_thread(self._sync.read, path, "text")
         raise InvalidArgumentError("format must be 'text', 'bytes' or 'stream'")
 
-    async def write(self, path: str, data: str | bytes | IO[Any]) -> WriteInfo:
-        return await _in_thread(self._sync.write, path, data)
+    async def write(
+        self,
+        path: str,
+        data: str | bytes | IO[Any],
+        metadata: Mapping[str, str] | None = None,
+    ) -> WriteInfo:
+        """See :meth:`sandlot.Filesystem.write`."""
+        return await _in_thread(self._sync.write, path, data, metadata)
+
+    async def write_files(
+        self, files: Iterable[Mapping[str, Any]], metadata: Mapping[str, str] | None = None
+    ) -> list[WriteInfo]:
+        """See :meth:`sandlot.Filesystem.write_files`."""
+        return await _in_thread(self._sync.write_files, list(files), metadata)
 
     async def list(self, path: str = ".", depth: int = 1) -> list[EntryInfo]:
         return await _in_thread(self._sync.list, path, depth)
@@ -233,6 +245,7 @@ class AsyncFilesystem:
         path: str,
         on_event: Callable[[FilesystemEvent], object] | None = None,
         recursive: bool = False,
+        include_entry: bool = False,
     ) -> AsyncWatchHandle:
         """Watch a directory (see :meth:`sandlot.Filesystem.watch_dir`). ``on_event``
         runs on this event loop; a coroutine function is awaited one event at a time,
@@ -240,7 +253,7 @@ class AsyncFilesystem:
         import asyncio
 
         callback = _on_loop(asyncio.get_running_loop(), on_event)
-        handle = await _in_thread(self._sync.watch_dir, path, callback, recursive)
+        handle = await _in_thread(self._sync.watch_dir, path, callback, recursive, include_entry)
         return AsyncWatchHandle(handle)
 
 

@@ -167,9 +167,10 @@ class Core(Protocol):
         check the path before calling."""
         ...
 
-    def write(self, path: str, chunks: Iterator[bytes]) -> WriteInfo:
+    def write(self, path: str, chunks: Iterator[bytes], metadata: Mapping[str, str]) -> WriteInfo:
         """Create or overwrite ``path`` with ``chunks`` (already checked against the
-        upload limits; an exception from the iterator leaves no partial file)."""
+        upload limits; an exception from the iterator leaves no partial file), and make
+        ``metadata`` (checked) the file's metadata: an empty one clears it."""
         ...
 
     def list_dir(self, path: str, depth: int) -> list[EntryInfo]: ...
@@ -182,7 +183,8 @@ class Core(Protocol):
 
     def rename(self, old_path: str, new_path: str) -> EntryInfo: ...
 
-    def watch_dir(self, path: str, recursive: bool) -> WatchStream:
-        """Watch a directory; its events until the stream is closed. NotFoundError,
-        PathNotAllowedError as for files.*; WatchLimitError at the sandbox's cap."""
+    def watch_dir(self, path: str, recursive: bool, include_entry: bool) -> WatchStream:
+        """Watch a directory; its events until the stream is closed (``include_entry``:
+        each with what its name is now). NotFoundError, PathNotAllowedError as for
+        files.*; WatchLimitError at the sandbox's cap."""
         ...

@@ -16,7 +16,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from sandlot._core import HOST_BACKSTOP, REQUEST_TIMEOUT, SandboxOptions
@@ -47,6 +47,7 @@ from sandlot._models import (
     context_from_wire,
     entries_from_wire,
     entry_from_wire,
+    event_entry,
     process_from_wire,
 )
 from sandlot._process import ProcessEvent
@@ -423,7 +424,7 @@ class LocalCore:
         finally:
             stream.close()
 
-    def write(self, path: str, chunks: Iterator[bytes]) -> WriteInfo:
+    def write(self, path: str, chunks: Iterator[bytes], metadata: Mapping[str, str]) -> WriteInfo:
         first = True
         value: Any = None
         try:
@@ -436,6 +437,8 @@ class LocalCore:
                         "append": not first,
                         # The runner refuses (and removes) an upload that grows past this.
                         "max_bytes": self.spec.resources.upload_bytes,
+                        # Stored by the first chunk's write, which truncates the file.
+                        "metadata": dict(metadata),
                     }
                 )
                 first = False
@@ -445,9 +448,17 @@ class LocalCore:
                     self.call({"type": "fs_remove", "path": path})
             raise
         if first:  # empty upload: still create the file
-            value = self.call({"type": "fs_write", "path": path, "data": "", "append": False})
+            value = self.call(
+                {
+                    "type": "fs_write",
+                    "path": path,
+                    "data": "",
+                    "append": False,
+                    "metadata": dict(metadata),
+                }
+            )
         info = entry_from_wire(value)
-        return WriteInfo(name=info.name, type=info.type, path=info.path)
+        return WriteInfo(name=info.name, type=info.type, path=info.path, metadata=info.metadata)
 
     def list_dir(self, path: str, depth: int) -> list[EntryInfo]:
         return entries_from_wire(self.call({"type": "fs_list", "path": path, "depth": depth}))
@@ -464,9 +475,15 @@ class LocalCore:
     def rename(self, old_path: str, new_path: str) -> EntryInfo:
         return entry_from_wire(self.call({"type": "fs_rename", "src": old_path, "dst": new_path}))
 
-    def watch_dir(self, path: str, recursive: bool) -> LocalWatchStream:
+    def watch_dir(self, path: str, recursive: bool, include_entry: bool) -> LocalWatchStream:
         rid = self._next_id()
-        message = {"type": "fs_watch", "path": path, "recursive": recursive, "id": rid}
+        message = {
+            "type": "fs_watch",
+            "path": path,
+            "recursive": recursive,
+            "include_entry": include_entry,
+            "id": rid,
+        }
         stream = self._ensure().request(message)
         try:
             event = stream.next(REQUEST_TIMEOUT)
@@ -525,7 +542,9 @@ class LocalWatchStream(_RunnerStream):
                 if event["type"] == "fs_event":
                     kind = event["event"]
                     if kind in EVENT_TYPES:  # anything else is the runner's own business
-                        yield FilesystemEvent(name=event["name"], type=kind)
+                        yield FilesystemEvent(
+                            name=event["name"], type=kind, entry=event_entry(event.get("entry"))
+                        )
                 elif event["type"] in ("exit", "reply"):
                     self._ended = True
                     return

@@ -334,6 +334,9 @@ class EntryInfo:
     permissions: str = ""
     modified_time: float = 0.0
     symlink_target: str | None = None
+    metadata: dict[str, str] | None = None
+    """The file's metadata (``files.write(..., metadata=...)``, or ``user.e2b.*``
+    extended attributes set in the sandbox); None when it has none."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -341,6 +344,8 @@ class WriteInfo:
     name: str
     type: FileType | None
     path: str
+    metadata: dict[str, str] | None = None
+    """The metadata the file was written with, as stored; None when none."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -371,7 +376,27 @@ def entry_from_wire(item: Mapping[str, Any]) -> EntryInfo:
         permissions=str(item.get("permissions", "")),
         modified_time=float(item.get("modified_time", 0.0)),
         symlink_target=item.get("symlink_target"),
+        metadata=metadata_from_wire(item.get("metadata")),
     )
+
+
+def event_entry(value: Any) -> EntryInfo | None:
+    """The ``entry`` of a watch event from a runner or server (untrusted): None when it
+    has none, or none that reads as an entry."""
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return entry_from_wire(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def metadata_from_wire(value: Any) -> dict[str, str] | None:
+    """A file's metadata as a runner or server reported it (untrusted: only its shape is
+    kept, strings to strings); None when there is none."""
+    if not isinstance(value, Mapping) or not value:
+        return None
+    return {str(key): str(item) for key, item in value.items()}
 
 
 class ExecutionFailed(SandlotError):

@@ -44,12 +44,15 @@ from sandlot._models import (
     context_from_wire,
     entries_from_wire,
     entry_from_wire,
+    event_entry,
+    metadata_from_wire,
     process_from_wire,
 )
 from sandlot._process import ProcessEvent
 from sandlot._watch import EVENT_TYPES, FilesystemEvent
 from sandlot.backends import Backend, SandboxHandle
 from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
+from sandlot.protocol import METADATA_HEADER
 
 STREAM_SLACK = 30.0
 """Seconds the client waits past a cell's own timeout (plus the host backstop) for the
@@ -520,21 +523,32 @@ class RemoteCore:
         except httpx.TransportError as exc:
             raise errors.SandboxLost(f"the server stopped sending {path}: {exc}") from exc
 
-    def write(self, path: str, chunks: Iterator[bytes]) -> WriteInfo:
+    def write(self, path: str, chunks: Iterator[bytes], metadata: Mapping[str, str]) -> WriteInfo:
+        headers = {"content-type": "application/octet-stream"}
+        headers.update({f"{METADATA_HEADER}{key}": value for key, value in metadata.items()})
         # No read timeout: a large upload may take long; connect still bounds a dead server.
         info = self._request(
             "POST",
             self._path("/files"),
             params={"path": path},
             content=chunks,
-            headers={"content-type": "application/octet-stream"},
+            headers=headers,
             timeout=httpx.Timeout(None, connect=10.0),
         ).json()
         kind = info.get("type")
+        stored = metadata_from_wire(info.get("metadata"))
+        if (stored or {}) != dict(metadata):
+            # A server that predates file metadata ignores the headers: say so rather
+            # than report a write that lost what it was asked to store.
+            raise errors.ServerError(
+                f"the server did not store {path}'s metadata (it answered {stored!r}): "
+                "upgrade the sandlot server"
+            )
         return WriteInfo(
             name=str(info["name"]),
             type=FileType(kind) if kind in ("file", "dir") else None,
             path=str(info["path"]),
+            metadata=stored,
         )
 
     def list_dir(self, path: str, depth: int) -> list[EntryInfo]:
@@ -560,12 +574,15 @@ class RemoteCore:
         body = {"old_path": old_path, "new_path": new_path}
         return entry_from_wire(self._request("POST", self._path("/files/rename"), json=body).json())
 
-    def watch_dir(self, path: str, recursive: bool) -> RemoteWatchStream:
+    def watch_dir(self, path: str, recursive: bool, include_entry: bool) -> RemoteWatchStream:
+        body: dict[str, Any] = {"path": path, "recursive": recursive}
+        if include_entry:  # only then: an older server refuses what it does not know
+            body["include_entry"] = True
         # No read timeout: a directory may stay quiet for as long as it is watched.
         request = self._client.build_request(
             "POST",
             self._path("/files/watch"),
-            json={"path": path, "recursive": recursive},
+            json=body,
             timeout=httpx.Timeout(None, connect=10.0),
         )
         try:
@@ -659,7 +676,11 @@ class RemoteWatchStream(RemoteProcessStream):
                 message = json.loads(line)
                 kind = message.get("type")
                 if kind == "event" and message.get("event_type") in EVENT_TYPES:
-                    yield FilesystemEvent(name=str(message["name"]), type=message["event_type"])
+                    yield FilesystemEvent(
+                        name=str(message["name"]),
+                        type=message["event_type"],
+                        entry=event_entry(message.get("entry")),
+                    )
                 elif kind == "end":
                     return
                 elif kind == "error":  # the server cut a client that read too slowly

@@ -41,6 +41,7 @@ from sandlot.validate import (
     check_cmd,
     check_envs,
     check_file_path,
+    check_metadata,
     check_path,
     context_id,
     kernel_language,
@@ -150,12 +151,48 @@ class Filesystem:
         data = b"".join(chunks)
         return data.decode("utf-8") if format == "text" else data
 
-    def write(self, path: str, data: str | bytes | IO[Any]) -> WriteInfo:
+    def write(
+        self,
+        path: str,
+        data: str | bytes | IO[Any],
+        metadata: Mapping[str, str] | None = None,
+    ) -> WriteInfo:
         """Create or overwrite a file (parents are created). Big files go in chunks;
         an upload above ``upload_bytes`` or the workspace raises InvalidArgumentError
-        and leaves no partial file."""
+        and leaves no partial file.
+
+        ``metadata``: string pairs stored with the file (as ``user.e2b.<key>`` extended
+        attributes in the sandbox) and reported by ``get_info``, ``list`` and watch
+        entries. A write replaces the file's metadata: one without leaves it none.
+        Keys are lowercased; keys are HTTP-token characters (letters, digits,
+        ``!#$%&'*+-.^_`|~``) of at most 246 bytes, values printable ASCII, 4096 bytes
+        in all (InvalidArgumentError otherwise). A filesystem that cannot keep them
+        fails the write with FileOperationError (and leaves no file)."""
         path = check_file_path(path)
-        return self._core.write(path, upload_chunks(self._core.spec.resources, path, data))
+        checked = check_metadata(metadata)
+        chunks = upload_chunks(self._core.spec.resources, path, data)
+        return self._core.write(path, chunks, checked)
+
+    def write_files(
+        self, files: Iterable[Mapping[str, Any]], metadata: Mapping[str, str] | None = None
+    ) -> list[WriteInfo]:
+        """Write several files: each a mapping with ``path`` and ``data`` (as
+        :meth:`write` takes them), in order, each with the same ``metadata``. Every
+        path and the metadata are checked before the first file is written; a failure
+        part way leaves the files before it written."""
+        checked = check_metadata(metadata)
+        entries: list[tuple[str, str | bytes | IO[Any]]] = []
+        for item in files:
+            if not isinstance(item, Mapping) or "path" not in item or "data" not in item:
+                raise InvalidArgumentError(
+                    f"each file is a mapping with 'path' and 'data', not {item!r:.100}"
+                )
+            entries.append((check_file_path(item["path"]), item["data"]))
+        resources = self._core.spec.resources
+        return [
+            self._core.write(path, upload_chunks(resources, path, data), checked)
+            for path, data in entries
+        ]
 
     def list(self, path: str = ".", depth: int = 1) -> list[EntryInfo]:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
@@ -187,17 +224,23 @@ class Filesystem:
         path: str,
         on_event: Callable[[FilesystemEvent], object] | None = None,
         recursive: bool = False,
+        include_entry: bool = False,
     ) -> WatchHandle:
         """Watch a directory for changes (``recursive``: its subdirectories too, new
         ones included). Without ``on_event``, ``handle.get_new_events()`` returns what
         changed since the last call; ``on_event`` is called on a thread of the handle's
-        instead. Call ``handle.stop()`` when done: a sandbox has a cap on watches
-        (WatchLimitError past it)."""
+        instead. ``include_entry``: each event's ``entry`` is what its name is right
+        after the change (metadata included), when it still exists. Call
+        ``handle.stop()`` when done: a sandbox has a cap on watches (WatchLimitError
+        past it)."""
         if not isinstance(recursive, bool):
             raise InvalidArgumentError(f"recursive must be a bool, not {recursive!r}")
+        if not isinstance(include_entry, bool):
+            raise InvalidArgumentError(f"include_entry must be a bool, not {include_entry!r}")
         if on_event is not None and not callable(on_event):
             raise InvalidArgumentError("on_event must be callable")
-        return WatchHandle(self._core.watch_dir(check_file_path(path), recursive), on_event)
+        stream = self._core.watch_dir(check_file_path(path), recursive, include_entry)
+        return WatchHandle(stream, on_event)
 
 
 class Commands:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from sandlot._exceptions import SandlotError
+from sandlot._models import EntryInfo
 
 __all__ = ["FilesystemEvent", "WatchHandle", "WatchStream"]
 
@@ -34,10 +35,13 @@ class FilesystemEvent:
     ``rename`` (the old name), ``chmod``; or ``overflow``: events were lost (too
     many at once, or a new subdirectory past the sandbox's watch cap; ``name`` says
     which, or how many were dropped). ``name`` is relative to the watched directory.
+    ``entry``: with ``watch_dir(..., include_entry=True)``, what ``name`` is just
+    after the change (as ``files.get_info`` says), when it still exists; else None.
     """
 
     name: str
     type: FilesystemEventType
+    entry: EntryInfo | None = None
 
 
 class WatchStream(Protocol):

@@ -27,6 +27,7 @@ from sandlot.protocol import (
     NAME_MAX,
     PATH_MAX,
     WORKSPACE_ROOTS,
+    metadata_problem,
 )
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "check_cmd",
     "check_envs",
     "check_file_path",
+    "check_metadata",
     "check_path",
     "check_upload",
     "chunks",
@@ -160,6 +162,28 @@ def check_envs(envs: Mapping[str, str] | None) -> dict[str, str]:
             raise InvalidArgumentError(f"invalid environment variable {key!r}")
         checked[key] = value
     return checked
+
+
+def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """A file's metadata for ``files.write``: keys lowercased (they travel as HTTP
+    header names too, which know no case), then checked against the limits
+    (``sandlot.protocol.METADATA_*``). None is no metadata."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidArgumentError(
+            f"metadata must be a mapping of str to str, not {type(metadata).__name__}"
+        )
+    lowered: dict[str, str] = {}
+    for key, value in metadata.items():
+        name = key.lower() if isinstance(key, str) else key
+        if name in lowered:
+            raise InvalidArgumentError(f"metadata key {key!r} is given twice (keys know no case)")
+        lowered[name] = value
+    problem = metadata_problem(lowered)
+    if problem is not None:
+        raise InvalidArgumentError(problem)
+    return lowered
 
 
 def context_id(context: Context | str | None) -> str:

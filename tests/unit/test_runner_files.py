@@ -14,6 +14,8 @@ import ctypes
 import errno
 import os
 import platform
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -302,3 +304,84 @@ def test_a_directory_swapped_for_an_outward_link_is_never_followed(ws: Workspace
         racer.join()
     assert leaks == []
     assert swaps and answered and refused, (swaps, answered, refused)  # the race alternated
+
+
+# --- file metadata (user.e2b.* extended attributes) -------------------------------------
+
+
+def _needs_user_xattrs(path: Path) -> None:
+    probe = path / ".xattr-probe"
+    probe.write_text("")
+    try:
+        os.setxattr(probe, "user.probe", b"1")
+    except OSError as exc:
+        pytest.skip(f"{path} keeps no user extended attributes here: {exc}")
+    finally:
+        probe.unlink()
+
+
+def test_metadata_is_replaced_by_each_write_and_kept_by_appends(ws: Workspace) -> None:
+    _needs_user_xattrs(ws.home)
+    first = ws.files.write("m.txt", b"a", False, None, {"k": "1", "old": "x"})
+    assert first["metadata"] == {"k": "1", "old": "x"}
+    assert os.getxattr(ws.home / "m.txt", "user.e2b.k") == b"1"
+    os.setxattr(ws.home / "m.txt", "user.keep", b"not metadata")
+    appended = ws.files.write("m.txt", b"b", True, None, {"ignored": "on append"})
+    assert appended["metadata"] == {"k": "1", "old": "x"}
+    replaced = ws.files.write("m.txt", b"c", False, None, {"k": "2"})
+    assert replaced["metadata"] == {"k": "2"}
+    assert ws.files.stat("m.txt")["metadata"] == {"k": "2"}
+    cleared = ws.files.write("m.txt", b"d", False, None)
+    assert "metadata" not in cleared and "metadata" not in ws.files.stat("m.txt")
+    # Only the metadata namespace is the files API's to clear.
+    assert os.getxattr(ws.home / "m.txt", "user.keep") == b"not metadata"
+
+
+def test_metadata_is_read_from_the_entry_itself_never_through_a_symlink(ws: Workspace) -> None:
+    _needs_user_xattrs(ws.home)
+    os.setxattr(ws.outside / "secret", "user.e2b.leak", b"outside")
+    os.setxattr(ws.home / "real_dir" / "inside.txt", "user.e2b.tag", b"in")
+    listed = {entry["name"]: entry.get("metadata") for entry in ws.files.list(".", 1)}
+    assert listed["to_outside"] is None  # a link is described, not followed
+    assert listed["to_inside"] is None
+    assert ws.files.stat("to_inside").get("metadata") is None
+    assert ws.files.stat("real_dir/inside.txt")["metadata"] == {"tag": "in"}
+    assert ws.files.stat("to_dir/inside.txt")["metadata"] == {"tag": "in"}
+
+
+def test_metadata_read_back_is_bounded() -> None:
+    """On tmpfs, whose budget for attributes is above the files API's: what user code
+    sets past the limits is left out, never cut."""
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm")
+    home = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        _needs_user_xattrs(home)
+        path = home / "big.txt"
+        path.write_text("x")
+        os.setxattr(path, "user.e2b.small", b"v")
+        os.setxattr(path, "user.e2b.huge", b"v" * 4000)  # fits alone, not with the rest
+        os.setxattr(path, "user.e2b.more", b"w" * 4000)
+        os.setxattr(path, "user.e2b.bin", b"\xff\xfe")
+        files = Files(str(home), (str(home),))
+        try:
+            metadata = files.stat("big.txt")["metadata"]
+        finally:
+            files.close()
+        size = sum(len("user.e2b.") + len(k) + len(v.encode()) for k, v in metadata.items())
+        assert size <= _files.METADATA_TOTAL_MAX
+        assert metadata["small"] == "v" and metadata["bin"] == "\ufffd\ufffd"
+        assert ("huge" in metadata) != ("more" in metadata)
+    finally:
+        shutil.rmtree(home)
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{"Upper": "v"}, {"sp ace": "v"}, {"k": "\x7f"}, {"k": 1}, ["k"], {"k" * 247: "v"}],
+)
+def test_bad_metadata_is_refused_and_the_file_left_alone(ws: Workspace, metadata: Any) -> None:
+    ws.write("kept.txt", "before")
+    with pytest.raises(_files.InvalidArgument):
+        ws.files.write("kept.txt", b"after", False, None, metadata)
+    assert ws.read("kept.txt") == "before"

@@ -1112,3 +1112,74 @@ def test_the_testing_module_docstring_example_runs() -> None:
     block = doc.split("::\n\n", 1)[1].split("\n\n\n", 1)[0]
     lines = block.split("\nThe fake behaves", 1)[0]
     exec(compile(textwrap.dedent(lines), "sandlot.testing docstring", "exec"), {})
+
+
+# --- file metadata and watch entries ----------------------------------------------------
+
+
+def test_write_sends_checked_metadata_with_every_chunk_and_reports_what_was_stored(
+    make: Callable[..., tuple[Sandbox, FakeBackend]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(validate_module, "CHUNK_BYTES", 4)
+    stored: dict[str, Any] = {}
+
+    def write(request: Request) -> Events:
+        if not request["append"]:
+            stored.clear()
+            stored.update(request["metadata"])
+        name = request["path"]
+        yield reply({"name": name, "type": "file", "path": name, "metadata": dict(stored)})
+
+    sbx, backend = make(Runner(fs_write=write))
+    info = sbx.files.write("a.bin", b"0123456789", metadata={"Author": "me"})
+    assert info.metadata == {"author": "me"}  # keys lowercased before they are sent
+    assert [(r["append"], r["metadata"]) for r in backend.requests] == [
+        (False, {"author": "me"}),
+        (True, {"author": "me"}),
+        (True, {"author": "me"}),
+    ]
+    assert sbx.files.write("b.txt", "").metadata is None  # none: the runner clears it
+    assert backend.requests[-1]["metadata"] == {}
+
+
+def test_bad_metadata_sends_nothing(make: Callable[..., tuple[Sandbox, FakeBackend]]) -> None:
+    sbx, backend = make(Files().runner())
+    for bad in ({"a b": "v"}, {"k": "\n"}, {"A": "1", "a": "2"}, {"k": "v" * 4096}, ["k"]):
+        with pytest.raises(InvalidArgumentError):
+            sbx.files.write("x", "y", metadata=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            sbx.files.write_files([{"path": "x", "data": "y"}], metadata=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        sbx.files.write_files([{"path": "x"}])  # type: ignore[list-item]
+    # Every path is checked before the first file is written.
+    with pytest.raises(PathNotAllowedError):
+        sbx.files.write_files([{"path": "ok", "data": "1"}, {"path": "/etc/x", "data": "2"}])
+    assert backend.requests == []
+
+
+def test_a_runners_metadata_and_entries_are_kept_by_shape_only(
+    make: Callable[..., tuple[Sandbox, FakeBackend]],
+) -> None:
+    """The runner is untrusted: odd shapes become None or strings, never a crash."""
+
+    def stat(request: Request) -> Events:
+        yield reply({"name": "s", "type": "file", "path": "/home/user/s", "metadata": {"k": 1}})
+
+    def watch(request: Request) -> Events:
+        assert request["include_entry"] is True
+        yield {"type": "watching"}
+        yield {"type": "fs_event", "event": "write", "name": "a", "entry": {"size": "huge"}}
+        yield {"type": "fs_event", "event": "write", "name": "b", "entry": ["not", "a", "dict"]}
+        entry = {"name": "c", "type": "file", "path": "/home/user/c", "metadata": {"t": "v"}}
+        yield {"type": "fs_event", "event": "write", "name": "c", "entry": entry}
+        yield {"type": "exit", "status": "ok"}
+
+    sbx, _ = make(Runner(fs_stat=stat, fs_watch=watch))
+    assert sbx.files.get_info("s").metadata == {"k": "1"}
+    handle = sbx.files.watch_dir(".", include_entry=True)
+    assert handle.wait(10)
+    events = handle.get_new_events()
+    assert [(e.name, e.entry is None) for e in events] == [("a", True), ("b", True), ("c", False)]
+    assert events[2].entry is not None and events[2].entry.metadata == {"t": "v"}
+    with pytest.raises(InvalidArgumentError):
+        sbx.files.watch_dir(".", include_entry="yes")  # type: ignore[arg-type]

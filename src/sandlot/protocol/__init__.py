@@ -24,11 +24,13 @@ from typing import Any, Dict, Mapping, Tuple
 
 from sandlot.protocol import layout as _layout
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """Bumped on any incompatible change; the runner announces it in ``ready``.
 2: the ``fatal`` event. 3: background processes and terminals (``process_*``,
 ``pty_resize``, the ``started`` event). 4: directory watches (``fs_watch``,
-``fs_watch_stop``, the ``watching`` and ``fs_event`` events)."""
+``fs_watch_stop``, the ``watching`` and ``fs_event`` events). 5: file metadata
+(``fs_write``'s ``metadata``, entries' ``metadata``) and entries in watch events
+(``fs_watch``'s ``include_entry``, ``fs_event``'s ``entry``)."""
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """Largest single message the host accepts from a runner (a big PNG fits)."""
@@ -43,6 +45,20 @@ NAME_MAX = 255
 
 WORKSPACE_ROOTS = _layout.WORKSPACE_ROOTS
 """The directories the files.* API may reach (see :mod:`sandlot.protocol.layout`)."""
+
+METADATA_XATTR_PREFIX = "user.e2b."
+"""Where a file's metadata lives: one extended attribute per key, this prefix then the
+key. The same namespace E2B's sandboxes use, so a template's tools and a file written
+through either SDK read the same metadata; other ``user.*`` attributes are not metadata."""
+METADATA_KEY_MAX = 255 - len(METADATA_XATTR_PREFIX)
+"""Longest metadata key (bytes): Linux's 255-byte attribute name, less the prefix."""
+METADATA_HEADER = "X-Metadata-"
+"""How an HTTP upload carries a file's metadata (not part of this protocol: the server's
+and the remote SDK's, kept next to the limits): one ``X-Metadata-<key>: <value>`` header
+per key."""
+METADATA_TOTAL_MAX = 4096
+"""Most metadata one file may carry (bytes): every key with the prefix, plus every
+value. This also bounds the number of keys (at most 409 one-byte keys fit)."""
 
 # --- requests: host -> runner -------------------------------------------------------
 # name -> required fields (besides "type" and "id") and their JSON types.
@@ -79,15 +95,19 @@ HOST_REQUESTS: Dict[str, Dict[str, Tuple[type, ...]]] = {
     "process_close_stdin": {"pid": (int,)},
     "pty_resize": {"pid": (int,), "rows": (int,), "cols": (int,)},
     "fs_read": {"path": (str,)},
+    # Optional "max_bytes": int. Optional "metadata": {key: value} (str, see
+    # METADATA_*): a write with append false replaces the file's metadata with it
+    # (none given: the file keeps none).
     "fs_write": {"path": (str,), "data": (str,), "append": (bool,)},
     "fs_list": {"path": (str,), "depth": (int,)},
     "fs_stat": {"path": (str,)},
     "fs_remove": {"path": (str,)},
     "fs_mkdir": {"path": (str,)},
     "fs_rename": {"src": (str,), "dst": (str,)},
-    # Watch a directory (optional "recursive": bool): answered by "watching", then one
-    # "fs_event" per change until fs_watch_stop (or the directory goes), then "exit";
-    # or a failed "reply" (WatchLimitError at the sandbox's cap or inotify quota).
+    # Watch a directory (optional "recursive", "include_entry": bool): answered by
+    # "watching", then one "fs_event" per change until fs_watch_stop (or the directory
+    # goes), then "exit"; or a failed "reply" (WatchLimitError at the sandbox's cap or
+    # inotify quota).
     "fs_watch": {"path": (str,)},
     # End the watch of request ``target``; replies whether it was running.
     "fs_watch_stop": {"target": (str,)},
@@ -108,7 +128,8 @@ RUNNER_MESSAGES: Dict[str, Dict[str, Tuple[type, ...]]] = {
     "watching": {"id": (str,)},
     # A change in a watched directory. event: create | write | remove | rename | chmod,
     # or "overflow" (events were lost, or a new subdirectory is past the cap); name:
-    # relative to the watched directory.
+    # relative to the watched directory. With include_entry, an "entry" (as fs_stat's)
+    # when what the event names still exists as it is reported.
     "fs_event": {"id": (str,), "event": (str,), "name": (str,)},
     # Streamed output of an execute or command request.
     "stdout": {"id": (str,), "text": (str,)},
@@ -201,3 +222,43 @@ def decode(line: bytes, schema: Mapping[str, Mapping[str, Tuple[type, ...]]]) ->
             f"exit.status {message['status']!r} is not one of {sorted(EXIT_STATUSES)}"
         )
     return message
+
+
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+"""The characters of a metadata key: an HTTP header name's (RFC 9110 ``token``), so a
+key travels as an ``X-Metadata-<key>`` header too."""
+
+
+def metadata_problem(metadata: Any) -> str | None:
+    """What is wrong with ``metadata`` (a file's: {key: value}), or None if nothing is.
+
+    Keys: non-empty, lowercase, HTTP token characters, at most
+    :data:`METADATA_KEY_MAX` bytes; values: printable ASCII (space to ``~``); all of it
+    within :data:`METADATA_TOTAL_MAX`. Both sides check it: the host before it sends a
+    write, the runner before it stores one.
+    """
+    if not isinstance(metadata, dict):
+        return "metadata must be a mapping of str keys to str values"
+    total = 0
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            return "metadata keys and values must be str, not %s: %s" % (
+                type(key).__name__,
+                type(value).__name__,
+            )
+        if not key or not set(key) <= _TOKEN or key != key.lower():
+            return (
+                "invalid metadata key %r: keys are non-empty, lowercase, and use only "
+                "letters, digits and !#$%%&'*+-.^_`|~" % key[:64]
+            )
+        if len(key) > METADATA_KEY_MAX:
+            return "metadata key %r... is longer than %d bytes" % (key[:32], METADATA_KEY_MAX)
+        if any(not " " <= c <= "~" for c in value):
+            return "invalid metadata value for key %r: values must be printable ASCII" % key
+        total += len(METADATA_XATTR_PREFIX) + len(key) + len(value)
+    if total > METADATA_TOTAL_MAX:
+        return (
+            "metadata of %d bytes is over the limit of %d (keys, each with %d bytes of "
+            "prefix, plus values)" % (total, METADATA_TOTAL_MAX, len(METADATA_XATTR_PREFIX))
+        )
+    return None

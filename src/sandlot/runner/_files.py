@@ -27,7 +27,14 @@ import posixpath
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-from sandlot.protocol import NAME_MAX, PATH_MAX
+from sandlot.protocol import (
+    METADATA_KEY_MAX,
+    METADATA_TOTAL_MAX,
+    METADATA_XATTR_PREFIX,
+    NAME_MAX,
+    PATH_MAX,
+    metadata_problem,
+)
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 """How the walk opens a directory: never through a symlink (ENOTDIR or ELOOP then)."""
@@ -53,6 +60,11 @@ class NotFound(FilesError):
 
 class InvalidArgument(FilesError):
     name = "InvalidArgumentError"
+
+
+class MetadataRefused(FilesError):
+    """Metadata the file's filesystem cannot keep (no user extended attributes, or no
+    room for them): the write fails rather than drop it."""
 
 
 class Place:
@@ -325,7 +337,7 @@ class Files:
             # the files API does not even say whether something exists.
             if self._is_dir_inside(shown):
                 kind = "dir"
-        return {
+        found: Dict[str, Any] = {
             "name": posixpath.basename(shown) or shown,
             "type": kind,
             "path": shown,
@@ -335,25 +347,57 @@ class Files:
             "modified_time": info.st_mtime,
             "symlink_target": target,
         }
+        if stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode):
+            # By the directory's descriptor (its /proc/self/fd link), never by the
+            # name's path: the name itself is not followed.
+            metadata = read_metadata("/proc/self/fd/%d/%s" % (dir_fd, name) if name else dir_fd)
+            if metadata:
+                found["metadata"] = metadata
+        return found
 
-    def write(self, path: str, data: bytes, append: bool, limit: Optional[int]) -> Dict[str, Any]:
+    def write(
+        self,
+        path: str,
+        data: bytes,
+        append: bool,
+        limit: Optional[int],
+        metadata: Optional[Dict[str, str]] = None,
+    ) -> Dict[str, Any]:
+        """Write (or append) ``data``. A write that is not an append also replaces the
+        file's metadata with ``metadata`` (none: the file keeps none, as a new file)."""
+        if metadata is not None:
+            problem = metadata_problem(metadata)
+            if problem is not None:
+                raise InvalidArgument(problem)
         dir_fd, fd, shown = self.open_write(path, append)
         try:
             size = os.fstat(fd).st_size if append else 0
-            if limit is not None and size + len(data) > limit:
-                # The host checks this too; an upload over the limit leaves no partial file.
+            try:
+                if limit is not None and size + len(data) > limit:
+                    # The host checks this too; an upload over the limit leaves no
+                    # partial file.
+                    raise InvalidArgument(
+                        "%s: upload larger than the limit of %d bytes" % (shown, limit)
+                    )
+                if not append:
+                    _replace_metadata(fd, metadata or {}, shown)
+            except (FilesError, OSError):
+                # Truncated already: a write that cannot store its metadata leaves no
+                # file rather than one without (or with stale) metadata.
                 with contextlib.suppress(OSError):
                     os.unlink(posixpath.basename(shown), dir_fd=dir_fd)
-                raise InvalidArgument(
-                    "%s: upload larger than the limit of %d bytes" % (shown, limit)
-                )
+                raise
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+            stored = read_metadata(fd)
         finally:
             os.close(fd)
             os.close(dir_fd)
-        return {"name": posixpath.basename(shown), "type": "file", "path": shown}
+        written: Dict[str, Any] = {"name": posixpath.basename(shown), "type": "file", "path": shown}
+        if stored:
+            written["metadata"] = stored
+        return written
 
     def list(self, path: str, depth: int) -> List[Dict[str, Any]]:
         depth = max(1, depth)
@@ -438,6 +482,73 @@ class Files:
             except OSError as exc:
                 raise OSError(exc.errno, exc.strerror, src.shown) from None
             return self.entry(dst.fd, dst.name, dst.shown)
+
+
+def read_metadata(target: Any) -> Optional[Dict[str, str]]:
+    """The metadata of ``target`` (a descriptor, or a path whose last name is not
+    followed), None if it has none or its filesystem keeps no attributes. What does not
+    fit the limits (set by other means than files.write) is left out, not cut."""
+    try:
+        if isinstance(target, int):
+            names = os.listxattr(target)
+        else:
+            names = os.listxattr(target, follow_symlinks=False)
+    except OSError:
+        return None
+    found: Dict[str, str] = {}
+    total = 0
+    for attribute in sorted(names):
+        key = attribute[len(METADATA_XATTR_PREFIX) :]
+        if not attribute.startswith(METADATA_XATTR_PREFIX) or not key:
+            continue
+        if len(key.encode("utf-8", "surrogateescape")) > METADATA_KEY_MAX:
+            continue
+        try:
+            if isinstance(target, int):
+                raw = os.getxattr(target, attribute)
+            else:
+                raw = os.getxattr(target, attribute, follow_symlinks=False)
+        except OSError:
+            continue  # removed meanwhile
+        size = len(attribute.encode("utf-8", "surrogateescape")) + len(raw)
+        if total + size > METADATA_TOTAL_MAX:
+            continue
+        total += size
+        found[key] = raw.decode("utf-8", "replace")
+    return found or None
+
+
+def _replace_metadata(fd: int, metadata: Dict[str, str], shown: str) -> None:
+    """Make ``metadata`` the metadata of the open file ``fd``: stale keys go first."""
+    try:
+        names = os.listxattr(fd)
+    except OSError as exc:
+        if exc.errno != errno.EOPNOTSUPP:
+            raise OSError(exc.errno, exc.strerror, shown) from None
+        names = []  # a filesystem without attributes holds no stale metadata
+    for attribute in names:
+        if attribute.startswith(METADATA_XATTR_PREFIX):
+            try:
+                os.removexattr(fd, attribute)
+            except OSError as exc:
+                if exc.errno != errno.ENODATA:  # ENODATA: removed meanwhile
+                    raise OSError(exc.errno, exc.strerror, shown) from None
+    for key, value in metadata.items():
+        try:
+            os.setxattr(fd, METADATA_XATTR_PREFIX + key, value.encode("ascii"))
+        except OSError as exc:
+            if exc.errno == errno.EOPNOTSUPP:
+                raise MetadataRefused(
+                    "%s: file metadata is kept in user extended attributes (user.*), which "
+                    "this filesystem does not support (tmpfs has them from Linux 6.6 on; "
+                    "this sandbox runs %s): write without metadata, or run sandlot on a "
+                    "newer kernel" % (shown, platform.release())
+                ) from None
+            if exc.errno in (errno.ENOSPC, errno.E2BIG, errno.EDQUOT):
+                raise MetadataRefused(
+                    "%s: no room for the file's metadata (%s)" % (shown, exc.strerror)
+                ) from None
+            raise OSError(exc.errno, exc.strerror, shown) from None
 
 
 def _take(stack: List[Tuple[int, str]], name: str, shown: str, fd: int = -1) -> Place:

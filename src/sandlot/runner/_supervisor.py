@@ -429,7 +429,11 @@ class Supervisor:
             return
         limit = request.get("max_bytes")
         written = self.files.write(
-            request["path"], data, request["append"], limit if isinstance(limit, int) else None
+            request["path"],
+            data,
+            request["append"],
+            limit if isinstance(limit, int) else None,
+            request.get("metadata"),  # checked by files.write
         )
         self.changed(request["id"], written)
 

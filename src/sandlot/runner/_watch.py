@@ -28,7 +28,7 @@ import struct
 import threading
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
-from sandlot.runner._files import DIR_FLAGS, Files, _open_dir, _open_entry
+from sandlot.runner._files import DIR_FLAGS, Files, FilesError, _open_dir, _open_entry
 
 STREAMS = 16
 """Watches one sandbox may have at once."""
@@ -122,10 +122,16 @@ class QuotaError(Exception):
 class Watch:
     """One watch request: an inotify instance and the directories it watches."""
 
-    def __init__(self, table: "Watches", rid: str, recursive: bool) -> None:
+    def __init__(
+        self, table: "Watches", rid: str, recursive: bool, shown: str = "", entries: bool = False
+    ) -> None:
+        """``shown``: the watched directory's path; ``entries``: each event carries what
+        its name is now (``include_entry``)."""
         self.table = table
         self.rid = rid
         self.recursive = recursive
+        self.shown = shown
+        self.entries = entries
         fd = _lib().init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             code = ctypes.get_errno()
@@ -280,9 +286,22 @@ class Watch:
                 self._descend(dir_fd, name, path)
             for bit, kind in KINDS:
                 if mask & bit and last != (kind, path):  # coalesce repeats in a batch
-                    self.table.host.send(_event(self.rid, kind, path))
+                    event = _event(self.rid, kind, path)
+                    if self.entries and kind not in ("remove", "rename"):
+                        found = self._entry(dir_fd, name, path)
+                        if found is not None:
+                            event["entry"] = found
+                    self.table.host.send(event)
                     last = (kind, path)
         return True
+
+    def _entry(self, dir_fd: int, name: str, path: str) -> Optional[Dict[str, Any]]:
+        """What ``name`` in the watched ``dir_fd`` is now (as fs_stat says), from the
+        directory's descriptor; None once it is gone (best effort, as the event is)."""
+        try:
+            return self.table.host.files.entry(dir_fd, name, posixpath.join(self.shown, path))
+        except (OSError, FilesError):
+            return None
 
     def _descend(self, dir_fd: int, name: str, path: str) -> None:
         """Watch the new subdirectory ``name`` of ``dir_fd`` and what is already in it."""
@@ -358,6 +377,7 @@ class Watches:
         recursive = request.get("recursive") is True
         with self.host.files.locate(request["path"], follow=True) as place:
             dir_fd = _open_dir(place)
+            shown = place.shown
         with self.lock:
             full = len(self.streams) >= STREAMS
             if not full:
@@ -372,7 +392,7 @@ class Watches:
             )
             return
         try:
-            watch = Watch(self, rid, recursive)
+            watch = Watch(self, rid, recursive, shown, request.get("include_entry") is True)
         except BaseException as exc:
             os.close(dir_fd)
             self._refused(rid, exc)

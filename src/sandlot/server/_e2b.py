@@ -41,6 +41,7 @@ from sandlot.server._routes import (
     list_contexts,
     sandbox_of,
     upload,
+    upload_metadata,
 )
 from sandlot.server._state import authenticate, state_of
 from sandlot.server._store import Principal
@@ -155,11 +156,13 @@ def _router(
         """envd's upload: an ``application/octet-stream`` body for ``path``, or
         ``multipart/form-data`` with one ``file`` part per file (named by its filename)."""
         state = state_of(request)
+        metadata = upload_metadata(request)  # the same for every file of the upload
         content_type = request.headers.get("content-type", "")
         if not content_type.startswith("multipart/form-data"):
             if path is None:
                 raise InvalidArgumentError("path is required for an octet-stream upload")
-            return [WriteResult(**await upload(state, entry, path, request.stream()))]
+            info = await upload(state, entry, path, request.stream(), metadata)
+            return [WriteResult(**info)]
         written: list[WriteResult] = []
         async with request.form() as form:
             files = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
@@ -169,7 +172,8 @@ def _router(
                 target = path if path is not None and len(files) == 1 else part.filename
                 if not target:
                     raise InvalidArgumentError("each uploaded file needs a path (its filename)")
-                written.append(WriteResult(**await upload(state, entry, target, _parts(part))))
+                info = await upload(state, entry, target, _parts(part), metadata)
+                written.append(WriteResult(**info))
         return written
 
     _ = (health, run, new_context, contexts, restart, remove, read, write)

@@ -44,10 +44,12 @@ from sandlot.server._manager import DEFAULT_MARK, ApiError, ManagedSandbox
 from sandlot.server._state import ServerState, authenticate, state_of
 from sandlot.server._store import Principal
 
-ENVD_VERSION = "0.5.7"
-"""The envd version sandlot answers as: the SDK then uploads files as multipart (or
-octet-stream with gzip), sends no per-file metadata (0.6.2) and asks for no watch
-features sandlot lacks."""
+ENVD_VERSION = "0.6.4"
+"""The envd version sandlot answers as, which the E2B SDK gates features on. The lowest
+that turns on all that sandlot serves: octet-stream and gzip uploads (0.5.7), file
+metadata in ``X-Metadata-*`` headers (0.6.2), the entry of each watch event
+(``include_entry``, 0.6.3) and ``allow_network_mounts`` (0.6.4: accepted; the workspace
+is never a network mount). No SDK gate sits between those; see docs/e2b.md."""
 CLIENT_ID = "sandlot"
 DEFAULT_TIMEOUT = 300
 """E2B's default sandbox lifetime (seconds) when ``timeout`` is not sent."""

@@ -46,6 +46,7 @@ def entry_fields(info: EntryInfo) -> dict[str, Any]:
         "permissions": info.permissions,
         "modified_time": info.modified_time,
         "symlink_target": info.symlink_target,
+        "metadata": dict(info.metadata or {}),
     }
 
 
@@ -184,11 +185,7 @@ class FilesystemService(filesystem_connect.Filesystem):
 
     async def watch_dir(self, request: Any, ctx: Any) -> AsyncIterator[Any]:
         target = _target()
-        handle = await _call(
-            functools.partial(
-                target.entry.sandbox.files.watch_dir, request.path, recursive=request.recursive
-            )
-        )
+        handle = await _call(_watch(target, request))
         start = filesystem_pb.WatchDirResponse.StartEvent()
         try:
             yield filesystem_pb.WatchDirResponse(event=_oneof("start", start))
@@ -204,11 +201,7 @@ class FilesystemService(filesystem_connect.Filesystem):
     async def create_watcher(self, request: Any, ctx: Any) -> Any:
         target = _target()
         self._prune(target)
-        handle = await _call(
-            functools.partial(
-                target.entry.sandbox.files.watch_dir, request.path, recursive=request.recursive
-            )
-        )
+        handle = await _call(_watch(target, request))
         watcher_id = secrets.token_hex(12)
         with self._lock:
             self._watchers[watcher_id] = (target.entry.sandbox_id, handle)
@@ -256,11 +249,28 @@ _EVENT_TYPES = {"create": 1, "write": 2, "remove": 3, "rename": 4, "chmod": 5}
 """sandlot's event types as envd's EventType (an ``overflow`` marker has none)."""
 
 
+def _watch(target: Target, request: Any) -> Callable[[], sandlot.WatchHandle]:
+    """The watch a WatchDir or CreateWatcher request asks for. ``allow_network_mounts``
+    lifts envd's refusal of a network filesystem; sandlot's workspace (tmpfs, or the
+    backend's local directories) is never one, so there is nothing to lift."""
+    return functools.partial(
+        target.entry.sandbox.files.watch_dir,
+        request.path,
+        recursive=request.recursive,
+        include_entry=request.include_entry,
+    )
+
+
 def _fs_events(events: list[sandlot.FilesystemEvent]) -> Iterator[Any]:
     for event in events:
         kind = _EVENT_TYPES.get(event.type)
         if kind is not None:
-            yield filesystem_pb.FilesystemEvent(name=event.name, type=filesystem_pb.EventType(kind))
+            message = filesystem_pb.FilesystemEvent(
+                name=event.name, type=filesystem_pb.EventType(kind)
+            )
+            if event.entry is not None:
+                message.entry = _entry(event.entry)
+            yield message
 
 
 def _check_not_cut(target: Target, result: Any) -> None:

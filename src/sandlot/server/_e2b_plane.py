@@ -68,6 +68,7 @@ from sandlot.server._routes import (
     execute,
     list_contexts,
     upload,
+    upload_metadata,
 )
 from sandlot.server._state import ServerState, api_key_of, principal_for
 from sandlot.server._store import Principal
@@ -432,8 +433,8 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
         target: Current,
         path: Annotated[str | None, Query(min_length=1)] = None,
     ) -> list[dict[str, Any]]:
-        if any(name.lower().startswith("x-metadata-") for name in request.headers):
-            raise InvalidArgumentError("file metadata is not supported by sandlot")
+        # envd's: every file of the upload gets the same metadata, and replaces its own.
+        metadata = upload_metadata(request)
         state, entry = target.state, target.entry
         encoding = request.headers.get("content-encoding", "").strip().lower()
         if encoding not in ("", "identity", "gzip"):
@@ -445,7 +446,7 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
             chunks: AsyncIterator[bytes] = request.stream()
             if encoding == "gzip":
                 chunks = _gunzip(chunks)
-            return [_written(await upload(state, entry, path, chunks))]
+            return [_written(await upload(state, entry, path, chunks, metadata))]
         written: list[dict[str, Any]] = []
         async with request.form(max_files=1000) as form:
             files = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
@@ -455,7 +456,8 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
                 target_path = path if path is not None and len(files) == 1 else part.filename
                 if not target_path:
                     raise InvalidArgumentError("each uploaded file needs a path (its filename)")
-                written.append(_written(await upload(state, entry, target_path, _parts(part))))
+                info = await upload(state, entry, target_path, _parts(part), metadata)
+                written.append(_written(info))
         return written
 
     @app.post("/execute")
@@ -507,7 +509,10 @@ async def _cut_if_killed(
 
 
 def _written(info: dict[str, Any]) -> dict[str, Any]:
-    return {"name": info["name"], "type": info["type"] or "file", "path": info["path"]}
+    written = {"name": info["name"], "type": info["type"] or "file", "path": info["path"]}
+    if info.get("metadata"):
+        written["metadata"] = info["metadata"]
+    return written
 
 
 async def _parts(part: UploadFile) -> AsyncIterator[bytes]:

@@ -32,6 +32,7 @@ from sandlot import (
     stream_only,
 )
 from sandlot.policy import MiB, Resources
+from sandlot.protocol import METADATA_HEADER
 from sandlot.server._cells import CellRunner, EagerNdjson, exception_message, ndjson
 from sandlot.server._manager import ApiError, ManagedSandbox
 from sandlot.server._state import ServerState, authenticate, state_of
@@ -41,6 +42,7 @@ from sandlot.validate import (
     DEFAULT_COMMAND_TIMEOUT,
     cell_context,
     check_envs,
+    check_metadata,
     check_path,
     seconds,
 )
@@ -192,12 +194,14 @@ class Entry(BaseModel):
     permissions: str = ""
     modified_time: float = 0.0
     symlink_target: str | None = None
+    metadata: dict[str, str] | None = None
 
 
 class WriteResult(BaseModel):
     name: str
     type: Literal["file", "dir"] | None
     path: str
+    metadata: dict[str, str] | None = None
 
 
 class Health(BaseModel):
@@ -441,13 +445,27 @@ async def download(state: ServerState, entry: ManagedSandbox, path: str) -> Stre
     )
 
 
+def upload_metadata(request: Request) -> dict[str, str]:
+    """The file metadata an upload's ``X-Metadata-<key>`` headers carry, checked (400
+    otherwise); the first of repeated headers counts."""
+    prefix = METADATA_HEADER.lower().encode("latin-1")
+    found: dict[str, str] = {}
+    for name, value in request.headers.raw:
+        if name.lower().startswith(prefix):
+            key = name[len(prefix) :].decode("latin-1").lower()
+            found.setdefault(key, value.decode("latin-1"))
+    return check_metadata(found)
+
+
 async def upload(
     state: ServerState,
     entry: ManagedSandbox,
     path: str,
     chunks: AsyncIterator[bytes],
+    metadata: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Spool an upload to disk (never all in memory), then write it into the sandbox.
+    """Spool an upload to disk (never all in memory), then write it into the sandbox
+    with ``metadata`` (none: the file keeps none).
 
     Refused with 413 as soon as it passes the server's upload limit or the
     sandbox's workspace size (``disk_mb``).
@@ -474,8 +492,8 @@ async def upload(
                 )
             await state.blocking(spool.write, chunk)
         spool.seek(0)
-        info = await state.blocking(entry.sandbox.files.write, path, spool)
-    return {"name": info.name, "type": info.type, "path": info.path}
+        info = await state.blocking(entry.sandbox.files.write, path, spool, metadata)
+    return {"name": info.name, "type": info.type, "path": info.path, "metadata": info.metadata}
 
 
 @router.get(
@@ -506,9 +524,11 @@ async def read_file(
 async def write_file(
     request: Request, entry: Owned, path: Annotated[str, Query(min_length=1)]
 ) -> WriteResult:
-    """Upload a file: the request body is its bytes (streamed)."""
+    """Upload a file: the request body is its bytes (streamed). ``X-Metadata-<key>:
+    <value>`` headers are the file's metadata (replacing what it had)."""
     state = state_of(request)
-    return WriteResult(**await upload(state, entry, path, request.stream()))
+    metadata = upload_metadata(request)
+    return WriteResult(**await upload(state, entry, path, request.stream(), metadata))
 
 
 @router.delete("/v1/sandboxes/{sandbox_id}/files", status_code=204, tags=["files"])
@@ -561,6 +581,7 @@ async def rename(request: Request, entry: Owned, body: Rename) -> Entry:
 class WatchIn(Strict):
     path: str = Field(..., min_length=1)
     recursive: bool = False
+    include_entry: bool = False
 
 
 @router.post(
@@ -570,8 +591,9 @@ class WatchIn(Strict):
     responses=_NDJSON_DOC,
 )
 async def watch_dir(request: Request, entry: Owned, body: WatchIn) -> StreamingResponse:
-    """Watch a directory: ``started``, then one ``event`` {name, event_type} per change,
-    then ``end`` when the directory goes away. Closing the stream stops the watch. The
+    """Watch a directory: ``started``, then one ``event`` {name, event_type} per change
+    (with ``include_entry``, its ``entry`` when it still exists), then ``end`` when the
+    directory goes away. Closing the stream stops the watch. The
     sandbox's cap on watches bounds these streams (WatchLimitError past it)."""
     state = state_of(request)
     ready = threading.Event()
@@ -582,9 +604,15 @@ async def watch_dir(request: Request, entry: Owned, body: WatchIn) -> StreamingR
         # The watch starts before the stream does: hold its first events until then.
         ready.wait()
         if not gone.is_set():
-            sink[0]({"type": "event", "name": event.name, "event_type": event.type})
+            message: dict[str, Any] = {"type": "event", "name": event.name}
+            message["event_type"] = event.type
+            if event.entry is not None:
+                message["entry"] = _entry(event.entry).model_dump()
+            sink[0](message)
 
-    handle = await state.blocking(entry.sandbox.files.watch_dir, body.path, forward, body.recursive)
+    handle = await state.blocking(
+        entry.sandbox.files.watch_dir, body.path, forward, body.recursive, body.include_entry
+    )
 
     def work(push: Any) -> None:
         state.manager.touch(entry, +1)
