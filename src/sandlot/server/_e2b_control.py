@@ -236,6 +236,19 @@ def _iso(moment: float) -> str:
     return datetime.datetime.fromtimestamp(moment, datetime.UTC).isoformat()
 
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MICROSECOND = datetime.timedelta(microseconds=1)
+
+
+def _micros(moment: float | datetime.datetime) -> int:
+    """A time in whole microseconds, rounded as :func:`_iso` reports it: a client that
+    passes a sandbox's reported start back gets that sandbox (``round(t * 1e6)`` of the
+    float disagrees with the datetime's rounding for about one time in sixteen)."""
+    if not isinstance(moment, datetime.datetime):
+        moment = datetime.datetime.fromtimestamp(moment, datetime.UTC)
+    return (moment - _EPOCH) // _MICROSECOND
+
+
 def _listed(entry: ManagedSandbox, record: WireRecord | None) -> dict[str, Any]:
     resources = entry.resources
     template = record.template if record else entry.template
@@ -416,6 +429,7 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             raise ApiError(400, "InvalidArgumentError", f"unknown state(s) {sorted(unknown)}")
         wanted = _metadata_filter(metadata)
         after = _moment(startedAfter, "startedAfter")
+        after_us = None if after is None else _micros(after)
         registry = registry_of(request)
         entries = [
             e
@@ -423,7 +437,7 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             if "running" in states
             and all(e.metadata.get(k) == v for k, v in wanted.items())
             # At the microsecond precision of the start time E2B's API reports.
-            and (after is None or round(e.created_at * 1e6) >= round(after * 1e6))
+            and (after_us is None or _micros(e.created_at) >= after_us)
             and (template is None or template in (e.template, _template_of(registry, e)))
         ]
         reverse = order != "asc"  # newest first unless asked otherwise
@@ -550,8 +564,8 @@ def _extend(request: Request, entry: ManagedSandbox, seconds: int) -> None:
         state_of(request).manager.set_timeout(entry, float(seconds))
 
 
-def _moment(raw: str | None, name: str) -> float | None:
-    """An ISO 8601 time from a query (a naive one is UTC) as Unix seconds."""
+def _moment(raw: str | None, name: str) -> datetime.datetime | None:
+    """An ISO 8601 time from a query (a naive one is UTC)."""
     if raw is None:
         return None
     try:
@@ -560,7 +574,7 @@ def _moment(raw: str | None, name: str) -> float | None:
         raise ApiError(400, "InvalidArgumentError", f"{name} must be an ISO 8601 time") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
-    return moment.timestamp()
+    return moment
 
 
 def _metadata_filter(raw: str | None) -> dict[str, str]:
