@@ -5,8 +5,8 @@ Tests marked ``requires_bwrap`` need a working bubblewrap backend; tests marked
 tests need the ``server`` and ``dev`` extras (FastAPI, the E2B client...). Each prerequisite is
 checked once per session (cached). When one is missing the test is skipped with
 the reason, unless ``$SANDLOT_REQUIRE`` names it ("bwrap", "template", "docker",
-"runsc", "podman", "server", "browser"; CI sets it): then the test fails, so a broken CI host cannot pass
-by skipping everything.
+"runsc", "podman", "server", "browser"; CI sets it): then the test fails, so a broken CI
+host cannot pass by skipping everything.
 
 The checks run in ``pytest_runtest_setup`` (before any fixture), so a module- or
 session-scoped sandbox fixture is never started on a host that cannot run it.
