@@ -114,7 +114,12 @@ def screenshot(driver: Any, name: str) -> None:
     folder = os.environ.get("SANDLOT_UI_SCREENSHOTS")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
+        size = driver.get_window_size()
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(size["width"], min(max(size["height"], height + 140), 2400))
+        driver.execute_script("window.scrollTo(0, 0)")
         driver.save_screenshot(str(Path(folder) / f"{name}.png"))
+        driver.set_window_size(size["width"], size["height"])
 
 
 def sign_in(driver: Any, server: ServerProcess, key: str) -> None:
@@ -200,6 +205,13 @@ def test_sign_in_sets_an_httponly_strict_cookie_and_keeps_the_key_out_of_the_pag
     with httpx.Client(base_url=server.url, timeout=WAIT) as client:
         refused = client.post("/ui/api/session", json={"api_key": key + "x"})
         assert refused.status_code == 401
+        # A form on another site can post text/plain without a preflight: not JSON, no session.
+        form = client.post(
+            "/ui/api/session",
+            content=json.dumps({"api_key": key}),
+            headers={"Content-Type": "text/plain"},
+        )
+        assert form.status_code == 422 and "set-cookie" not in form.headers
         response = client.post("/ui/api/session", json={"api_key": key})
         assert response.status_code == 200, response.text
         cookie = response.headers["set-cookie"].lower()
@@ -444,6 +456,11 @@ def test_kill_a_sandbox_from_the_console(browser: Any, server: ServerProcess, ke
         assert cells[1] == "python-data" and cells[2].endswith(("ms", "s", "min")), cells
         assert cells[6].endswith("GiB") or cells[6].endswith("MiB"), cells  # its memory limit
         wait_for(browser, lambda d: css_all(d, "#audit-results tr[data-execution]"), "the audit")
+        # The server's figures are drawn (from numbers, as SVG) and the tenant's keys
+        # listed, this session's marked.
+        wait_for(browser, lambda d: css_all(d, "#figures svg"), "the figures")
+        keys = css(browser, "#keys").text
+        assert key.split("_")[1] in keys and "this session" in keys, keys
         screenshot(browser, "console")
         css(css(browser, row), "button.kill").click()
         wait_for(browser, lambda d: not css_all(d, row), "the row to go")

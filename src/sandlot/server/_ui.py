@@ -425,6 +425,53 @@ async def console_audit(
     return await state.blocking(query)
 
 
+@router.get("/api/console/egress")
+async def console_egress(
+    request: Request,
+    signed: SignedIn,
+    sandbox_id: Annotated[str | None, Query(max_length=64)] = None,
+    verdict: Annotated[str | None, Query(max_length=16)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[dict[str, Any]]:
+    """The tenant's egress records (connections its sandboxes asked for), newest last."""
+    state = state_of(request)
+    principal, _ = signed
+    return await state.blocking(
+        state.store.query_network,
+        tenant=principal.tenant,
+        sandbox_id=sandbox_id or None,
+        verdict=verdict or None,
+        limit=limit,
+    )
+
+
+@router.get("/api/console/keys")
+async def console_keys(request: Request, signed: SignedIn) -> list[dict[str, Any]]:
+    """The tenant's keys: ids and dates only (a key's secret is never stored)."""
+    state = state_of(request)
+    principal, _ = signed
+    keys = await state.blocking(state.store.list_keys)
+    return [
+        {**row, "current": row["key_id"] == principal.key_id}
+        for row in keys
+        if row["tenant"] == principal.tenant
+    ]
+
+
+@router.get("/api/console/metrics")
+async def console_metrics(request: Request, signed: SignedIn) -> list[dict[str, Any]]:
+    """The server's Prometheus samples (what ``/metrics`` serves any key), as JSON;
+    histogram buckets left out (their sums and counts kept)."""
+    state = state_of(request)
+    samples = []
+    for family in state.metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name.endswith(("_bucket", "_created")):
+                continue
+            samples.append({"name": sample.name, "labels": sample.labels, "value": sample.value})
+    return samples
+
+
 def install_ui(app: FastAPI) -> None:
     """Serve the web app under ``/ui`` (call after the app's other middleware, so the
     gateway is outermost and its rewritten requests meet every check ``/v1`` has)."""
