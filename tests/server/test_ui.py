@@ -145,12 +145,14 @@ def new_sandbox(driver: Any) -> str:
 
 
 def run_cell(driver: Any, code: str, *, wait: bool = True) -> Any:
-    """Add a cell with ``code``, run it, and (``wait``) wait until it ends."""
-    css(driver, "#nb-add-cell").click()
+    """Run ``code`` in the last cell if it is new and empty, else in a new one; and
+    (``wait``) wait until it ends."""
     cell = css_all(driver, ".cell")[-1]
+    if cell.get_attribute("data-status") != "idle" or css(cell, "textarea").get_attribute("value"):
+        css(driver, "#nb-add-cell").click()
+        cell = css_all(driver, ".cell")[-1]
     source = css(cell, "textarea")
-    # Set the code in one step (send_keys would type it, and the textarea would
-    # auto-indent nothing, but it is slow for long cells).
+    # Set the code in one step (typing it with send_keys is slow for long cells).
     driver.execute_script("arguments[0].value = arguments[1]", source, code)
     css(cell, ".run").click()
     if wait:
@@ -310,6 +312,16 @@ def test_sign_in_upload_the_demo_csv_and_plot(
     css(browser, "#files-upload").send_keys(str(SALES_CSV))
     wait_for(browser, lambda d: css_all(d, '#files-list tr[data-path="sales.csv"]'), "the upload")
 
+    # Download it back through the file's link (the session's cookie, no key).
+    link = css(browser, '#files-list tr[data-path="sales.csv"] a.file')
+    assert link.get_attribute("download") == "sales.csv"
+    downloaded = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "fetch(arguments[0].href).then(r => r.text()).then(done, e => done(String(e)));",
+        link,
+    )
+    assert downloaded == SALES_CSV.read_text()
+
     table = run_cell(browser, "import pandas as pd\ndf = pd.read_csv('sales.csv')\ndf.head()")
     assert table.get_attribute("data-status") == "ok", table.text
     assert css(table, ".count").text == "[1]"
@@ -374,6 +386,32 @@ def test_interrupt_a_long_cell(browser: Any, server: ServerProcess, key: str) ->
     # The context lives on: the next cell runs in it.
     after = run_cell(browser, "print('still here', i > 0)")
     assert "still here True" in css(after, ".output").text
+
+
+def test_contexts_and_restart(browser: Any, server: ServerProcess, key: str) -> None:
+    from selenium.webdriver.support.select import Select
+
+    sign_in(browser, server, key)
+    new_sandbox(browser)
+    assert css(browser, "#nb-context").get_attribute("value") == "default"
+    run_cell(browser, "answer = 42")
+    css(browser, "#nb-new-context").click()
+    wait_for(
+        browser,
+        lambda d: css(d, "#nb-context").get_attribute("value") != "default",
+        "a new context",
+    )
+    # A context has variables of its own.
+    other = run_cell(browser, "print('answer' in globals())")
+    assert "False" in css(other, ".output-stdout").text
+    Select(css(browser, "#nb-context")).select_by_value("default")
+    same = run_cell(browser, "print(answer)")
+    assert "42" in css(same, ".output-stdout").text
+    css(browser, "#nb-restart").click()
+    wait_for(browser, lambda d: "restarted" in css(d, "#nb-status").text, "the restart")
+    gone = run_cell(browser, "answer")
+    assert gone.get_attribute("data-status") == "error"
+    assert "NameError" in css(gone, ".output-error").text
 
 
 def test_sandbox_output_cannot_run_script_in_the_page(

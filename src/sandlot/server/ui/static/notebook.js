@@ -75,8 +75,12 @@ async function restart() {
 // --- cells -----------------------------------------------------------------------------
 
 function addCell(code = '') {
-  const source = h('textarea', { class: 'source', rows: 4, spellcheck: 'false' });
+  const source = h('textarea', { class: 'source', rows: 3, spellcheck: 'false',
+    placeholder: "Python, e.g. df = pd.read_csv('sales.csv') (Shift+Enter runs)" });
+  const fit = () => { source.rows = Math.min(30, Math.max(3, source.value.split('\n').length)); };
+  source.addEventListener('input', fit);
   source.value = code;
+  fit();
   const cell = h('div', { class: 'cell', 'data-status': 'idle' });
   const count = h('span', { class: 'count', text: '[ ]' });
   const badge = h('span', { class: 'status', text: 'idle' });
@@ -121,6 +125,7 @@ async function runCell(parts) {
   const { cell, source, count, badge, precheck, output } = parts;
   if (!state.sandbox) throw new Error('no sandbox: create one first');
   if (state.running.has(cell)) return;
+  source.rows = Math.min(30, Math.max(3, source.value.split('\n').length));
   clear(output);
   clear(precheck);
   setStatus(parts, 'running');
@@ -254,7 +259,7 @@ export function initNotebook() {
     const files = [...event.target.files];
     upload(files).catch(fileError).finally(() => { event.target.value = ''; });
   });
-  addCell("import pandas as pd\ndf = pd.read_csv('sales.csv')\ndf.head()");
+  addCell();
 }
 
 export async function showNotebook() {
