@@ -27,17 +27,11 @@ How a browser is trusted, and how little:
 
 from __future__ import annotations
 
-import hmac
-import secrets
-import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,22 +40,23 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandlot.server._manager import ApiError
 from sandlot.server._state import ServerState, principal_for, state_of
 from sandlot.server._store import OUTCOMES, Principal
+from sandlot.server._ui_chat import ChatConfig, Chats, chat_router
+from sandlot.server._ui_session import (
+    COOKIE,
+    PREFIX,
+    SESSION_MAX_AGE,
+    Sessions,
+    SignedIn,
+    cookie_of,
+    csrf_problem,
+    origin_problem,
+    sessions_of,
+)
 
 STATIC = Path(__file__).with_name("ui")
 """The app's files: plain ES modules, CSS and one HTML page (no build step)."""
 
-PREFIX = "/ui"
-API_PREFIX = "/ui/api/v1/"
-COOKIE = "sandlot_ui"
-CSRF_HEADER = "x-csrf-token"
-SAFE_METHODS = frozenset({"GET", "HEAD"})
-
-SESSION_IDLE = 8 * 3600.0
-"""Seconds a session lives without a request."""
-SESSION_MAX_AGE = 24 * 3600.0
-"""Seconds a session lives at most, however busy."""
-MAX_SESSIONS = 10_000
-"""Sessions kept at once; past it the least recently used is signed out."""
+API_PREFIX = PREFIX + "/api/v1/"
 
 CSP = "; ".join(
     (
@@ -107,100 +102,6 @@ _FORWARDED = frozenset(
 ``Authorization`` or E2B routing header) are dropped and the session's key added."""
 
 
-@dataclass
-class UiSession:
-    key: str
-    """The API key signed in with; in this process's memory only."""
-    tenant: str
-    csrf: str
-    created: float
-    seen: float
-
-
-class Sessions:
-    """Signed-in browsers: session id -> :class:`UiSession`, in memory (a restarted
-    server signs everyone out), bounded in count and lifetime."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: OrderedDict[str, UiSession] = OrderedDict()
-
-    def create(self, key: str, principal: Principal) -> tuple[str, UiSession]:
-        now = time.monotonic()
-        session_id = secrets.token_urlsafe(32)
-        session = UiSession(key, principal.tenant, secrets.token_urlsafe(32), now, now)
-        with self._lock:
-            self._items[session_id] = session
-            while len(self._items) > MAX_SESSIONS:
-                self._items.popitem(last=False)
-        return session_id, session
-
-    def get(self, session_id: str | None) -> UiSession | None:
-        if not session_id:
-            return None
-        now = time.monotonic()
-        with self._lock:
-            session = self._items.get(session_id)
-            if session is None:
-                return None
-            if now - session.seen > SESSION_IDLE or now - session.created > SESSION_MAX_AGE:
-                del self._items[session_id]
-                return None
-            session.seen = now
-            self._items.move_to_end(session_id)
-            return session
-
-    def drop(self, session_id: str | None) -> None:
-        if session_id:
-            with self._lock:
-                self._items.pop(session_id, None)
-
-    def drop_key(self, key: str) -> None:
-        """Sign out every session of ``key`` (found revoked)."""
-        with self._lock:
-            for session_id in [s for s, item in self._items.items() if item.key == key]:
-                del self._items[session_id]
-
-
-def _cookie_of(headers: list[tuple[bytes, bytes]]) -> str | None:
-    for name, value in headers:
-        if name != b"cookie":
-            continue
-        for part in value.decode("latin-1").split(";"):
-            key, _, item = part.strip().partition("=")
-            if key == COOKIE:
-                return item
-    return None
-
-
-def csrf_problem(method: str, headers: list[tuple[bytes, bytes]], session: UiSession) -> str | None:
-    """Why a request may not change state on behalf of ``session`` (None: it may).
-
-    GET and HEAD never change state. Anything else needs the session's CSRF token in
-    ``X-CSRF-Token`` and, when the browser sends ``Origin``, this server's own origin.
-    """
-    if method in SAFE_METHODS:
-        return None
-    found = dict(headers)
-    origin_problem = _origin_problem(found)
-    if origin_problem:
-        return origin_problem
-    token = found.get(CSRF_HEADER.encode(), b"").decode("latin-1")
-    if not token or not hmac.compare_digest(token, session.csrf):
-        return "missing or wrong CSRF token (X-CSRF-Token)"
-    return None
-
-
-def _origin_problem(headers: dict[bytes, bytes]) -> str | None:
-    origin = headers.get(b"origin")
-    if origin is None:
-        return None
-    host = headers.get(b"host", b"").decode("latin-1").lower()
-    if urlsplit(origin.decode("latin-1")).netloc.lower() != host or not host:
-        return "request from another origin"
-    return None
-
-
 def _problem(status: int, type_: str, message: str) -> JSONResponse:
     return JSONResponse({"type": type_, "message": message}, status_code=status)
 
@@ -236,7 +137,7 @@ class UiGateway:
             await self.app(scope, receive, secured)
             return
         headers: list[tuple[bytes, bytes]] = list(scope.get("headers", []))
-        session = self.sessions.get(_cookie_of(headers))
+        session = self.sessions.get(cookie_of(headers))
         if session is None:
             response = _problem(401, "AuthenticationError", "not signed in (POST /ui/api/session)")
             await response(scope, receive, secured)
@@ -272,30 +173,6 @@ class SignIn(BaseModel):
     api_key: str = Field(..., min_length=1, max_length=256)
 
 
-def sessions_of(request: Request) -> Sessions:
-    sessions: Sessions = request.app.state.ui_sessions
-    return sessions
-
-
-async def signed_in(request: Request) -> tuple[Principal, UiSession]:
-    """The session's principal (its key checked again: a revoked key signs out), with
-    the CSRF check for anything but GET/HEAD."""
-    sessions = sessions_of(request)
-    session_id = request.cookies.get(COOKIE)
-    session = sessions.get(session_id)
-    if session is None:
-        raise ApiError(401, "AuthenticationError", "not signed in (POST /ui/api/session)")
-    problem = csrf_problem(request.method, list(request.scope["headers"]), session)
-    if problem:
-        raise ApiError(403, "CsrfError", problem)
-    principal = await principal_for(state_of(request), session.key)
-    if principal is None:
-        sessions.drop_key(session.key)
-        raise ApiError(401, "AuthenticationError", "the API key was revoked: sign in again")
-    return principal, session
-
-
-SignedIn = Annotated[tuple[Principal, UiSession], Depends(signed_in)]
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
 
@@ -319,7 +196,7 @@ async def get_session(signed: SignedIn) -> dict[str, str]:
 async def sign_in(request: Request, body: SignIn) -> JSONResponse:
     """Trade an API key for a session cookie. A JSON body (which a foreign page cannot
     send without CORS, which this server never grants) from this server's origin."""
-    problem = _origin_problem(dict(request.scope["headers"]))
+    problem = origin_problem(dict(request.scope["headers"]))
     if problem:
         raise ApiError(403, "CsrfError", problem)
     state = state_of(request)
@@ -478,5 +355,6 @@ def install_ui(app: FastAPI) -> None:
     sessions = Sessions()
     app.state.ui_sessions = sessions
     app.include_router(router)
+    app.include_router(chat_router(Chats(ChatConfig.from_env())))
     app.mount(PREFIX + "/static", StaticFiles(directory=STATIC / "static"), name="ui-static")
     app.add_middleware(UiGateway, sessions=sessions)

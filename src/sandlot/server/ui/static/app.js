@@ -2,10 +2,11 @@
 
 import { api, onSignedOut, setCsrf } from './api.js';
 import { $ } from './dom.js';
+import { initChat, showChat } from './chat.js';
 import { hideConsole, initConsole, showConsole } from './console.js';
 import { initNotebook, showNotebook } from './notebook.js';
 
-const PAGES = ['signin', 'notebook', 'console'];
+const PAGES = ['signin', 'notebook', 'chat', 'console'];
 let signedIn = false;
 
 function showPage(name) {
@@ -22,10 +23,13 @@ async function route() {
     $('#signin-key').focus();
     return;
   }
-  const name = location.hash === '#/console' ? 'console' : 'notebook';
+  const name = { '#/console': 'console', '#/chat': 'chat' }[location.hash] || 'notebook';
   showPage(name);
   if (name === 'console') {
     showConsole();
+  } else if (name === 'chat') {
+    hideConsole();
+    await showChat().catch((error) => { $('#chat-status').textContent = `error: ${error.message}`; });
   } else {
     hideConsole();
     await showNotebook().catch((error) => { $('#nb-status').textContent = `error: ${error.message}`; });
@@ -76,6 +80,7 @@ async function signOut() {
 async function main() {
   initNotebook();
   initConsole();
+  initChat();
   $('#signin-form').addEventListener('submit', signIn);
   $('#sign-out').addEventListener('click', signOut);
   window.addEventListener('hashchange', route);
