@@ -436,3 +436,21 @@ def test_audit_search_finds_a_cell_by_its_code(
         "the search result",
     )
     assert len(css_all(browser, "#audit-results tr[data-execution]")) == len(rows) == 1
+
+
+def test_chat_says_how_to_configure_a_model_when_none_is(
+    browser: Any, server: ServerProcess, key: str
+) -> None:
+    sign_in(browser, server, key)
+    browser.get(f"{server.url}/ui/#/chat")
+    note = wait_for(
+        browser,
+        lambda d: css(d, "#chat-unavailable").is_displayed() and css(d, "#chat-unavailable"),
+        "the note",
+    )
+    assert "SANDLOT_CHAT_PROVIDER" in note.text
+    assert not css(browser, "#chat-start").is_enabled()
+    with httpx.Client(base_url=server.url, timeout=WAIT) as client:
+        csrf = client.post("/ui/api/session", json={"api_key": key}).json()["csrf"]
+        refused = client.post("/ui/api/chat", headers={"X-CSRF-Token": csrf})
+        assert refused.status_code == 503 and refused.json()["type"] == "ChatUnavailable"

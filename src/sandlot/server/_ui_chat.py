@@ -98,8 +98,6 @@ class Chat:
     chat_id: str
     tenant: str
     agent: DataAgent
-    folder: Path
-    """Host-side copies of the uploaded files (the agent loads from a path)."""
     busy: threading.Lock = field(default_factory=threading.Lock)
     reviews: dict[str, _Review] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
@@ -107,12 +105,7 @@ class Chat:
     def close(self) -> None:
         for review in list(self.reviews.values()):
             review.done.set()  # refused: nobody is left to decide
-        try:
-            self.agent.close()  # kills its sandbox
-        finally:
-            for path in self.folder.glob("*"):
-                path.unlink(missing_ok=True)
-            self.folder.rmdir()
+        self.agent.close()  # kills its sandbox
 
 
 class Chats:
@@ -125,9 +118,22 @@ class Chats:
         with self._lock:
             self._items[chat.chat_id] = chat
 
-    def count(self, tenant: str) -> int:
+    def make_room(self, tenant: str) -> Chat | None:
+        """At the tenant's limit, take out its oldest chat that is not answering (a page
+        closed without ending its chat leaves one) and return it, to be closed; raise
+        when every one is busy."""
         with self._lock:
-            return sum(chat.tenant == tenant for chat in self._items.values())
+            own = [chat for chat in self._items.values() if chat.tenant == tenant]
+            if len(own) < MAX_CHATS_PER_TENANT:
+                return None
+            idle = [chat for chat in own if not chat.busy.locked()]
+            if not idle:
+                raise ApiError(
+                    429, "QuotaExceeded", f"at most {MAX_CHATS_PER_TENANT} chats answering at once"
+                )
+            oldest = min(idle, key=lambda chat: chat.created)
+            del self._items[oldest.chat_id]
+            return oldest
 
     def get(self, principal: Principal, chat_id: str) -> Chat:
         with self._lock:
@@ -141,13 +147,6 @@ class Chats:
         with self._lock:
             self._items.pop(chat_id, None)
         return chat
-
-    def close_all(self) -> None:
-        with self._lock:
-            chats = list(self._items.values())
-            self._items.clear()
-        for chat in chats:
-            chat.close()
 
 
 class Ask(BaseModel):
@@ -249,10 +248,10 @@ def chat_router(chats: Chats) -> APIRouter:
     async def start_chat(request: Request, signed: SignedIn) -> dict[str, Any]:
         config = configured()
         principal, session = signed
-        if chats.count(principal.tenant) >= MAX_CHATS_PER_TENANT:
-            raise ApiError(429, "QuotaExceeded", f"at most {MAX_CHATS_PER_TENANT} open chats")
+        evicted = chats.make_room(principal.tenant)
+        if evicted is not None:
+            await asyncio.wrap_future(_thread(evicted.close))
         url = _self_url(request)
-        spool = state_of(request).settings.spool_dir
 
         def start() -> Chat:
             from sandlot import Sandbox
@@ -262,11 +261,10 @@ def chat_router(chats: Chats) -> APIRouter:
             sandbox = Sandbox("python-data", api_url=url, api_key=session.key, timeout=None)
             try:
                 agent = DataAgent(provider, sandbox)
-                folder = Path(tempfile.mkdtemp(prefix="ui-chat-", dir=str(spool)))
             except BaseException:
                 sandbox.kill()
                 raise
-            return Chat(secrets.token_urlsafe(16), principal.tenant, agent, folder)
+            return Chat(secrets.token_urlsafe(16), principal.tenant, agent)
 
         chat: Chat = await asyncio.wrap_future(_thread(start))
         chats.add(chat)
@@ -286,29 +284,33 @@ def chat_router(chats: Chats) -> APIRouter:
     ) -> dict[str, Any]:
         """Load a CSV or Excel file (the body) as the next DataFrame (``df``, ``df2``...)."""
         chat = chats.get(signed[0], chat_id)
+        # The agent loads from a host path whose name the model is told: a private
+        # folder in the system's temporary directory (not the server's spool, which a
+        # restart empties file by file), removed once the file is in the sandbox.
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", Path(name).name).lstrip(".") or "data.csv"
-        target = chat.folder / safe
-        limit = state_of(request).settings.max_upload_bytes
-        size = 0
-        with target.open("wb") as handle:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, "InvalidArgumentError", f"larger than {limit} bytes")
-                handle.write(chunk)
+        with tempfile.TemporaryDirectory(prefix="sandlot-ui-chat-") as folder:
+            target = Path(folder) / safe
+            limit = state_of(request).settings.max_upload_bytes
+            size = 0
+            with target.open("wb") as handle:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError(413, "InvalidArgumentError", f"larger than {limit} bytes")
+                    handle.write(chunk)
 
-        def load() -> dict[str, Any]:
-            with chat.busy:
-                dataset = chat.agent.load(target)
-            return {
-                "name": dataset.name,
-                "path": dataset.path,
-                "rows": dataset.rows,
-                "kept": dataset.kept,
-                "columns": [list(column) for column in dataset.columns],
-            }
+            def load() -> dict[str, Any]:
+                with chat.busy:
+                    dataset = chat.agent.load(target)
+                return {
+                    "name": dataset.name,
+                    "path": dataset.path,
+                    "rows": dataset.rows,
+                    "kept": dataset.kept,
+                    "columns": [list(column) for column in dataset.columns],
+                }
 
-        result: dict[str, Any] = await asyncio.wrap_future(_thread(load))
+            result: dict[str, Any] = await asyncio.wrap_future(_thread(load))
         return result
 
     @router.post("/{chat_id}/decide", status_code=204)
