@@ -33,7 +33,11 @@ CHART = (
 
 def answer(body: dict[str, Any]) -> Say:
     # The model reads the last tool result: the refusal of the third cell.
-    return Say(f"North sells most. (last result: {last_tool_result(body)[:80]})")
+    # Model text is untrusted too: markup in it must show as text.
+    return Say(
+        f"North sells most. (last result: {last_tool_result(body)[:80]}) "
+        '<img src=x onerror="window.__sandlot_xss=1">'
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +120,8 @@ def test_chat_allow_edit_refuse(server: ServerProcess, model: ScriptedModel) -> 
         final = wait_for(browser, lambda d: css_all(d, ".chat-answer"), "the answer")[0]
         assert "North sells most." in final.text
         assert "refused" in final.text  # the model was told why the cell did not run
+        assert "<img src=x onerror=" in final.text and not css_all(final, "img")
+        assert browser.execute_script("return window.__sandlot_xss") is None
         screenshot(browser, "chat")
 
     # The edited cell ran (not the model's), as the tenant, and is on its audit trail;
