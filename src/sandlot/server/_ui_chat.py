@@ -191,8 +191,10 @@ class _OwnThreads:
 def _self_url(request: Request) -> str:
     """This server as a loopback client reaches it: the socket the request came in on."""
     server = request.scope.get("server")
-    if not server:
-        raise ApiError(503, "ServerError", "cannot tell this server's own address")
+    if not server or server[1] is None:  # e.g. served on a unix socket
+        raise ApiError(
+            503, "ChatUnavailable", "the chat needs the server on a TCP port it can call itself"
+        )
     host, port = server[0], server[1]
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1" if host == "0.0.0.0" else "::1"

@@ -19,7 +19,6 @@ from sandlot.server._state import principal_for, state_of
 from sandlot.server._store import Principal
 
 PREFIX = "/ui"
-API_PREFIX = "/ui/api/v1/"
 COOKIE = "sandlot_ui"
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD"})
