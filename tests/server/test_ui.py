@@ -189,6 +189,14 @@ def test_the_gateway_does_not_forward_the_cookie_or_a_second_key(
                 f"/ui/api/v1/sandboxes/{sandbox}", headers={"Authorization": f"Bearer {other}"}
             )
             assert response.status_code == 404, response.text
+            # And /v1 never takes the session cookie for a key.
+            session = client.cookies["sandlot_ui"]
+            direct = httpx.get(
+                f"{server.url}/v1/sandboxes",
+                headers={"Cookie": f"sandlot_ui={session}"},
+                timeout=WAIT,
+            )
+            assert direct.status_code == 401, direct.text
         finally:
             theirs.delete(f"/v1/sandboxes/{sandbox}")
 
