@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything sandlot needs on this machine. Idempotent; safe to re-run.
-#   1. system packages: bubblewrap (the sandbox), libseccomp (its syscall filter)
-#      and a CJK font (for charts)
+#   1. system packages: bubblewrap (the sandbox), libseccomp (its syscall filter),
+#      a CJK font (for charts) and chromium with its driver (the web app's tests)
 #   2. .venv with sandlot and its dev tools
 #   3. the default template (python-data), built once into the cache
 #      (/var/cache/sandlot as root, else ~/.cache/sandlot)
@@ -21,6 +21,9 @@ compgen -G '/usr/lib/*/libseccomp.so.2' >/dev/null || compgen -G '/lib/*/libsecc
 python3 -m venv --help >/dev/null 2>&1 || missing+=(python3-venv)
 # PostgreSQL's server binaries: the server's tests run its audit trail on a throwaway cluster.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
+# A headless browser and its WebDriver: the web app's (/ui) tests drive them.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ]; then
         log "installing system packages: ${missing[*]}"

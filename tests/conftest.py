@@ -5,8 +5,8 @@ Tests marked ``requires_bwrap`` need a working bubblewrap backend; tests marked
 tests need the ``server`` and ``dev`` extras (FastAPI, the E2B client...). Each prerequisite is
 checked once per session (cached). When one is missing the test is skipped with
 the reason, unless ``$SANDLOT_REQUIRE`` names it ("bwrap", "template", "docker",
-"runsc", "podman", "server"; CI sets it): then the test fails, so a broken CI host cannot pass
-by skipping everything.
+"runsc", "podman", "server", "browser"; CI sets it): then the test fails, so a broken CI
+host cannot pass by skipping everything.
 
 The checks run in ``pytest_runtest_setup`` (before any fixture), so a module- or
 session-scoped sandbox fixture is never started on a host that cannot run it.
@@ -112,6 +112,20 @@ def _postgres_problem() -> str | None:
     return None
 
 
+@functools.cache
+def _browser_problem() -> str | None:
+    """Why the web app's browser tests cannot run, or None (Debian's chromium and
+    chromium-driver, and selenium from the dev extra)."""
+    import importlib.util
+
+    for path in ("/usr/bin/chromium", "/usr/bin/chromedriver"):
+        if not os.access(path, os.X_OK):
+            return f"{path} is missing (apt-get install chromium chromium-driver)"
+    if importlib.util.find_spec("selenium") is None:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    return None
+
+
 _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     # (marker, word in $SANDLOT_REQUIRE that turns a skip into a failure, check)
     ("requires_bwrap", "bwrap", _bwrap_problem),
@@ -121,6 +135,7 @@ _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     ("requires_podman", "podman", lambda: _container_problem("podman")),
     ("requires_server", "server", _server_problem),
     ("requires_postgres", "postgres", _postgres_problem),
+    ("requires_browser", "browser", _browser_problem),
 )
 
 BACKEND_MARKS: dict[str, Any] = {

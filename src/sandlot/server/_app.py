@@ -227,6 +227,11 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
         connect=_connect_apps(settings.max_body_bytes),
     )
     app.add_middleware(BodyLimit, settings=settings)
+    # The web app (/ui); its gateway goes outermost, so what it forwards to /v1 meets
+    # every check above.
+    from sandlot.server._ui import install_ui
+
+    install_ui(app)
     app.include_router(router)
     app.include_router(control_router(_STATUS))
     for e2b_router in e2b_routers():
