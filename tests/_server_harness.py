@@ -63,6 +63,11 @@ class ServerProcess:
         self.stop()
         raise RuntimeError(f"sandlot serve did not come up:\n{self.log()}")
 
+    def e2b_opts(self, key: str) -> dict[str, str]:
+        """The E2B SDK's arguments for this server in E2B's normal mode (what a user sets
+        as ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KEY``)."""
+        return {"api_url": self.url, "sandbox_url": self.url, "api_key": key}
+
     def key(self, tenant: str, *args: str) -> str:
         """A new API key for ``tenant`` from ``sandlot keys create`` (last line of stdout)."""
         done = subprocess.run(

@@ -31,7 +31,7 @@ class Wire:
         self.key = server.key("e2b-metadata")
 
     def opts(self) -> dict[str, Any]:
-        return {"api_url": self.server.url, "sandbox_url": self.server.url, "api_key": self.key}
+        return self.server.e2b_opts(self.key)
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +41,6 @@ def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
         yield Wire(server)
     finally:
         server.stop()
-
-
-@pytest.fixture(autouse=True)
-def no_e2b_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("E2B_DEBUG", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")

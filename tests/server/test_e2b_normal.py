@@ -35,11 +35,7 @@ class Wire:
         self.other_key = server.key("e2b-other")
 
     def opts(self, key: str | None = None) -> dict[str, Any]:
-        return {
-            "api_url": self.server.url,
-            "sandbox_url": self.server.url,
-            "api_key": key or self.key,
-        }
+        return self.server.e2b_opts(key or self.key)
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +47,6 @@ def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
         yield Wire(server)
     finally:
         server.stop()
-
-
-@pytest.fixture(autouse=True)
-def no_e2b_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("E2B_DEBUG", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def test_code_interpreter_sync_end_to_end(wire: Wire) -> None:

@@ -29,15 +29,9 @@ pytestmark = [
 def opts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     server = ServerProcess(tmp_path_factory.mktemp("e2b-parity")).start()
     try:
-        yield {"api_url": server.url, "sandbox_url": server.url, "api_key": server.key("parity")}
+        yield server.e2b_opts(server.key("parity"))
     finally:
         server.stop()
-
-
-@pytest.fixture(autouse=True)
-def no_e2b_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("E2B_DEBUG", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def test_results_read_as_e2bs_code_interpreter_gives_them(opts: dict[str, Any]) -> None:
