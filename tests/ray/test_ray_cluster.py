@@ -8,7 +8,10 @@ bubblewrap sandboxes ("auto" backend).
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +44,20 @@ def sandlot_cluster(cluster: Any) -> Iterator[Any]:
 
     with SandlotCluster(slots_per_node=2) as sc:
         yield sc
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def _ok(executions: list[Any]) -> None:
@@ -163,7 +180,12 @@ def test_a_node_lost_mid_batch_loses_only_its_own_programs_and_sandboxes(
     sandlot_cluster.refresh()
     doomed = sandlot_cluster.create(node_id=victim_id)
     kept = sandlot_cluster.create(node_id=cluster.node_ids["127.0.0.2"])
-    doomed.run_code("x = 1")
+    marker = f"sandlot-ray-doomed-{uuid.uuid4().hex}"
+    doomed.run_code(
+        "import subprocess, sys\nx = 1\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}])"
+    )
+    assert _processes_with(marker), "the doomed sandbox's process is not visible from the host"
     kept.run_code("x = 2")
     killed: list[int] = []
 
@@ -199,6 +221,11 @@ def test_a_node_lost_mid_batch_loses_only_its_own_programs_and_sandboxes(
     assert kept.run_code("x").text == "2"
     kept.kill()
     doomed.kill()  # idempotent on a lost node
+    # Its processes died with the node (they do not run on, written off but alive).
+    deadline = time.monotonic() + 30
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_with(marker)
     assert victim.ip not in {i.ip for i in sandlot_cluster.nodes()}
 
 
