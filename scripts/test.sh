@@ -15,7 +15,7 @@ log "mypy"
 log "import layers"
 .venv/bin/lint-imports
 log "pytest"
-SANDLOT_REQUIRE="bwrap,template,docker,runsc,podman,server,postgres,browser" .venv/bin/python -m pytest "$@"
+SANDLOT_REQUIRE="bwrap,template,docker,runsc,podman,server,postgres,browser,ray" .venv/bin/python -m pytest "$@"
 if [ "$(id -u)" -eq 0 ]; then
     # Root covered above; sandlot must also hold when run by an ordinary user.
     log "escape suite as an unprivileged user"

@@ -5,8 +5,8 @@ Tests marked ``requires_bwrap`` need a working bubblewrap backend; tests marked
 tests need the ``server`` and ``dev`` extras (FastAPI, the E2B client...). Each prerequisite is
 checked once per session (cached). When one is missing the test is skipped with
 the reason, unless ``$SANDLOT_REQUIRE`` names it ("bwrap", "template", "docker",
-"runsc", "podman", "server", "browser"; CI sets it): then the test fails, so a broken CI
-host cannot pass by skipping everything.
+"runsc", "podman", "server", "postgres", "browser", "ray"; CI sets it): then the test
+fails, so a broken CI host cannot pass by skipping everything.
 
 The checks run in ``pytest_runtest_setup`` (before any fixture), so a module- or
 session-scoped sandbox fixture is never started on a host that cannot run it.
@@ -126,6 +126,21 @@ def _browser_problem() -> str | None:
     return None
 
 
+def _ray_problem() -> str | None:
+    """Why a local multi-node Ray cluster cannot be started here, or None (the ray extra)."""
+    import importlib.util
+    import shutil
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("ray") is None:
+        return "ray is not installed (pip install -e '.[dev]' or '.[ray]')"
+    ray_cli = Path(sys.executable).with_name("ray")
+    if not ray_cli.exists() and shutil.which("ray") is None:
+        return f"the ray command is missing next to {sys.executable}"
+    return None
+
+
 _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     # (marker, word in $SANDLOT_REQUIRE that turns a skip into a failure, check)
     ("requires_bwrap", "bwrap", _bwrap_problem),
@@ -136,6 +151,7 @@ _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     ("requires_server", "server", _server_problem),
     ("requires_postgres", "postgres", _postgres_problem),
     ("requires_browser", "browser", _browser_problem),
+    ("requires_ray", "ray", _ray_problem),
 )
 
 BACKEND_MARKS: dict[str, Any] = {

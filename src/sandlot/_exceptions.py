@@ -13,6 +13,8 @@
     │   │                           sandlot refuses to run (fail closed)
     │   └── SandboxStartError       the sandbox process did not come up
     ├── SandboxLost                 the sandbox died outside a cell; restarts on next use [exit 5]
+    │   └── NodeLost                the cluster node holding it left (sandlot.ray): the
+    │                               sandbox and its state are gone for good
     ├── SandboxClosed               the sandbox was used after ``kill()``              [exit 5]
     ├── ProtocolError               the runner sent something the protocol forbids     [exit 5]
     ├── FileOperationError          a files.* call failed inside the sandbox           [exit 1]
@@ -80,6 +82,13 @@ class SandboxLost(SandlotError):
     """The sandbox went away while no cell was running (e.g. killed from outside)."""
 
     exit_code = 5
+
+
+class NodeLost(SandboxLost):
+    """The Ray node holding the sandbox left the cluster (:mod:`sandlot.ray`), or its
+    sandlot node actor died: the sandbox, its files and its state are gone for good and
+    nothing restarts it. Other nodes' sandboxes are untouched. In a batch the same loss
+    is data: ``Execution.status == "died"``, ``error.name == "SandboxLostError"``."""
 
 
 class SandboxClosed(SandlotError):
