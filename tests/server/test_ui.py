@@ -34,6 +34,11 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 SALES_CSV = REPO / "examples" / "data" / "sales.csv"
+DOT_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk\n"
+    "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==\n"
+)
+"""A 1x1 PNG in base64 broken into lines, as base64.encodebytes writes it."""
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +214,89 @@ def test_a_revoked_key_signs_its_sessions_out(server: ServerProcess) -> None:
         server.cli("keys", "revoke", key.split("_")[1])
         assert client.get("/ui/api/v1/sandboxes").status_code == 401
         assert client.get("/ui/api/session").status_code == 401
+
+
+def test_a_request_with_two_session_cookies_is_not_signed_in(server: ServerProcess) -> None:
+    """Cookies ignore ports: a page on another port of this host (or a sibling domain)
+    can plant a second ``sandlot_ui`` cookie with a longer Path, which the browser then
+    sends first. The gateway and the routes must not each pick a different one (the
+    page showing one tenant while the gateway acts as another): two is refused."""
+    mine = httpx.post(
+        f"{server.url}/ui/api/session", json={"api_key": server.key("victim")}, timeout=WAIT
+    )
+    planted = httpx.post(
+        f"{server.url}/ui/api/session", json={"api_key": server.key("planter")}, timeout=WAIT
+    )
+    both = {
+        "Cookie": f"sandlot_ui={planted.cookies['sandlot_ui']}; "
+        f"sandlot_ui={mine.cookies['sandlot_ui']}"
+    }
+    for path in ("/ui/api/session", "/ui/api/v1/sandboxes", "/ui/api/console/keys"):
+        response = httpx.get(server.url + path, headers=both, timeout=WAIT)
+        assert response.status_code == 401, (path, response.text)
+    # Each alone still works.
+    for response, tenant in ((mine, "victim"), (planted, "planter")):
+        alone = {"Cookie": f"sandlot_ui={response.cookies['sandlot_ui']}"}
+        session = httpx.get(f"{server.url}/ui/api/session", headers=alone, timeout=WAIT)
+        assert session.json()["tenant"] == tenant
+
+
+def test_a_file_downloaded_through_the_gateway_is_never_a_page_of_this_origin(
+    server: ServerProcess, key: str
+) -> None:
+    """A sandbox writes a page with script in it: fetched through the session it comes
+    back as an opaque download (saved, not shown; no script if shown anyway)."""
+    with api(server, key) as client, httpx.Client(base_url=server.url, timeout=WAIT) as page:
+        sandbox = client.post("/v1/sandboxes", json={}).json()["sandbox_id"]
+        try:
+            html = b"<script>document.title='ran'</script><h1>hello</h1>"
+            written = client.post(
+                f"/v1/sandboxes/{sandbox}/files", params={"path": "page.html"}, content=html
+            )
+            assert written.status_code in (200, 201), written.text
+            assert page.post("/ui/api/session", json={"api_key": key}).status_code == 200
+            got = page.get(f"/ui/api/v1/sandboxes/{sandbox}/files", params={"path": "page.html"})
+            assert got.status_code == 200 and got.content == html
+            assert got.headers["content-type"] == "application/octet-stream"
+            assert got.headers["x-content-type-options"] == "nosniff"
+            assert got.headers["content-disposition"] == "attachment"
+            csp = [part.strip() for part in got.headers["content-security-policy"].split(";")]
+            assert "sandbox" in csp and "frame-ancestors 'none'" in csp
+        finally:
+            client.delete(f"/v1/sandboxes/{sandbox}")
+
+
+def test_the_gateway_reaches_nothing_outside_v1(server: ServerProcess, key: str) -> None:
+    """Dot segments, encoded or not, and doubled slashes are not resolved: with the
+    session's key in hand, the gateway still reaches only ``/v1`` routes (not the
+    key-guarded ``/openapi.json``, ``/metrics`` or the E2B control plane)."""
+    with httpx.Client(base_url=server.url, timeout=WAIT) as client:
+        assert client.post("/ui/api/session", json={"api_key": key}).status_code == 200
+        for path in (
+            "/ui/api/v1/../../openapi.json",
+            "/ui/api/v1/%2e%2e/%2e%2e/openapi.json",
+            "/ui/api/v1/%2E%2E%2F%2E%2E%2Fmetrics",
+            "/ui/api/v1//metrics",
+            "/ui/api/v1/..%2f..%2fv2/sandboxes",
+            "/ui/api/v1/sandboxes/..%2f..%2f..%2fmetrics",
+        ):
+            response = client.get(path)
+            assert response.status_code == 404, (path, response.status_code, response.text)
+        # X-API-Key and a method override from the page are dropped like Authorization.
+        other = server.key("gateway-other")
+        with api(server, other) as theirs:
+            sandbox = theirs.post("/v1/sandboxes", json={}).json()["sandbox_id"]
+            try:
+                seen = client.get(f"/ui/api/v1/sandboxes/{sandbox}", headers={"X-API-Key": other})
+                assert seen.status_code == 404, seen.text
+                killed = client.get(
+                    f"/ui/api/v1/sandboxes/{sandbox}",
+                    headers={"X-HTTP-Method-Override": "DELETE", "X-API-Key": other},
+                )
+                assert killed.status_code == 404
+                assert theirs.get(f"/v1/sandboxes/{sandbox}").status_code == 200
+            finally:
+                theirs.delete(f"/v1/sandboxes/{sandbox}")
 
 
 # --- in the browser -------------------------------------------------------------------------
@@ -387,6 +475,79 @@ def test_sandbox_output_cannot_run_script_in_the_page(
     assert not [
         entry for entry in browser.get_log("browser") if "__sandlot_xss" in entry["message"]
     ]
+
+
+def test_a_result_built_to_stall_the_image_check_does_not_freeze_the_page(
+    browser: Any, server: ServerProcess, key: str
+) -> None:
+    """A "PNG" of 1.6 million spaces and one stray character: the page's base64 check
+    once backtracked quadratically on it (the tab froze for many minutes, and this
+    test's browser call timed out). It must be refused as not base64, at once."""
+    sign_in(browser, server, key)
+    if not css(browser, "#nb-sandbox").get_attribute("value"):
+        new_sandbox(browser)
+    cell = run_cell(
+        browser,
+        "from IPython.display import display\n"
+        f"DOT = {DOT_PNG!r}\n"
+        "class Stall:\n"
+        "    def _repr_png_(self): return ' ' * 1_600_000 + '!'\n"
+        "class Dot:\n"
+        "    def _repr_png_(self): return DOT\n"
+        "display(Stall())\n"
+        "display(Dot())\n",
+    )
+    assert cell.get_attribute("data-status") == "ok", cell.text
+    results = css_all(cell, ".result")
+    assert len(results) == 2, cell.text
+    assert "(png image that is not base64)" in results[0].text
+    assert not css_all(results[0], "img")
+    # A real PNG whose base64 is broken into lines still shows.
+    dot = css(results[1], "img.output-image")
+    wait_for(
+        browser, lambda d: d.execute_script("return arguments[0].naturalWidth", dot), "the PNG"
+    )
+
+
+def test_file_names_show_as_text_with_hidden_characters_revealed(
+    browser: Any, server: ServerProcess, key: str
+) -> None:
+    """A sandbox names its files: markup in a name stays text, and a right-to-left
+    override cannot make ``invoice<RLO>fdp.exe`` pass for ``invoiceexe.pdf``."""
+    sign_in(browser, server, key)
+    sandbox = new_sandbox(browser)
+    markup = "<img src=x onerror=window.__sandlot_xss=5>"
+    run_cell(
+        browser,
+        f"open({markup!r}, 'w').write('x')\n"
+        "open('invoice\u202efdp.exe', 'w').write('x')\n"
+        "open('tab\there', 'w').write('x')\n",
+    )
+    css(browser, "#files-refresh").click()
+    # Read the list in one step (it is redrawn when a cell ends).
+    links = wait_for(
+        browser,
+        lambda d: (
+            (
+                rows := d.execute_script(
+                    "return [...document.querySelectorAll('#files-list a.file')]"
+                    ".map((a) => [a.textContent, a.getAttribute('download')])"
+                )
+            )
+            and len(rows) >= 3
+            and rows
+        ),
+        "the files",
+    )
+    names = [name for name, _ in links]
+    assert markup in names, names
+    assert "invoice⟨U+202E⟩fdp.exe" in names and "tab\there" in names, names
+    assert not any("\u202e" in name for name in names), names
+    assert ["invoice⟨U+202E⟩fdp.exe"] * 2 in [list(pair) for pair in links], links
+    assert not css_all(browser, "#files-list img")
+    assert browser.execute_script("return window.__sandlot_xss") is None
+    with api(server, key) as client:
+        client.delete(f"/v1/sandboxes/{sandbox}")
 
 
 def test_a_script_on_the_page_without_the_csrf_token_is_refused(
