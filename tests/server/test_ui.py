@@ -12,10 +12,13 @@ pictures are made so).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -548,6 +551,105 @@ def test_file_names_show_as_text_with_hidden_characters_revealed(
     assert browser.execute_script("return window.__sandlot_xss") is None
     with api(server, key) as client:
         client.delete(f"/v1/sandboxes/{sandbox}")
+
+
+ATTACK_PAGE = """<!doctype html><title>attack</title><body><script>
+const target = %(target)s, key = %(key)s, sandbox = %(sandbox)s;
+const json = JSON.stringify({ api_key: key });
+const files = target + '/ui/api/v1/sandboxes/' + sandbox + '/files?path=';
+const tries = [
+  // Same site (cookies ignore ports, SameSite=Strict lets the cookie through): a raw
+  // upload, which needs no JSON, into a sandbox of the victim's whose id it learnt.
+  fetch(files + 'planted.txt', { method: 'POST', mode: 'no-cors',
+    credentials: 'include', headers: { 'Content-Type': 'text/plain' }, body: 'planted' }),
+  fetch(files + 'planted2.txt', { method: 'POST', mode: 'no-cors',
+    credentials: 'include', body: new Blob(['planted']) }),
+  // Login CSRF: sign the victim in with the attacker's key (no Content-Type at all).
+  fetch(target + '/ui/api/session', { method: 'POST', mode: 'no-cors',
+    credentials: 'include', body: new Blob([json]) }),
+  fetch(target + '/ui/api/session', { method: 'POST', mode: 'no-cors',
+    credentials: 'include', headers: { 'Content-Type': 'text/plain' }, body: json }),
+];
+const form = document.createElement('form');
+form.method = 'POST';
+form.enctype = 'text/plain';
+form.action = target + '/ui/api/session';
+form.target = 'sink';
+const input = document.createElement('input');
+input.name = '{"api_key": "' + key + '", "x": "';
+input.value = '"}';
+form.append(input);
+const sink = document.createElement('iframe');
+sink.name = 'sink';
+sink.onload = () => { if (sink.dataset.sent) document.title = 'form done'; };
+document.body.append(sink, form);
+Promise.allSettled(tries).then((results) => {
+  document.body.dataset.fetches = results.map((r) => r.status).join(',');
+  sink.dataset.sent = '1';
+  form.submit();
+});
+</script>"""
+
+
+@contextlib.contextmanager
+def attacker_site(page: str) -> Iterator[str]:
+    """Another origin on the same host (same site: another port): serves ``page``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    site = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{site.server_address[1]}"
+    finally:
+        site.shutdown()
+        site.server_close()
+        thread.join()
+
+
+def test_another_site_on_this_host_can_neither_act_nor_sign_the_browser_in(
+    browser: Any, server: ServerProcess, key: str
+) -> None:
+    """A page on another port of this host: the browser sends the session cookie with
+    its requests (same site), and it tries to write a file into the victim's sandbox,
+    then to sign the browser in with the attacker's own key (fetch with no
+    Content-Type or text/plain, and a text/plain form). Nothing happens."""
+    attacker_key = server.key("attacker")
+    sign_in(browser, server, key)
+    whoami = css(browser, "#whoami").text
+    assert "analyst" in whoami
+    with api(server, key) as mine, api(server, attacker_key) as theirs:
+        sandbox = mine.post("/v1/sandboxes", json={}).json()["sandbox_id"]
+        try:
+            page = ATTACK_PAGE % {
+                "target": json.dumps(server.url),
+                "key": json.dumps(attacker_key),
+                "sandbox": json.dumps(sandbox),
+            }
+            with attacker_site(page) as site:
+                browser.get(f"{site}/")
+                wait_for(browser, lambda d: d.title == "form done", "the attack page")
+                fetches = browser.execute_script("return document.body.dataset.fetches")
+                assert fetches == "fulfilled,fulfilled,fulfilled,fulfilled", fetches
+            listed = mine.get(f"/v1/sandboxes/{sandbox}/files/list", params={"path": "."})
+            assert not [e for e in listed.json() if "planted" in e["name"]], listed.json()
+            assert theirs.get("/v1/sandboxes").json() == []
+        finally:
+            mine.delete(f"/v1/sandboxes/{sandbox}")
+    browser.get(f"{server.url}/ui/")
+    wait_for(browser, lambda d: css_all(d, "body[data-ready]"), "the app")
+    assert css(browser, "#whoami").text == whoami  # still the victim's own session
 
 
 def test_a_script_on_the_page_without_the_csrf_token_is_refused(
