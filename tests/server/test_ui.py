@@ -302,6 +302,25 @@ def test_the_gateway_reaches_nothing_outside_v1(server: ServerProcess, key: str)
                 theirs.delete(f"/v1/sandboxes/{sandbox}")
 
 
+def test_sign_in_issues_a_fresh_id_and_sign_out_forgets_it(server: ServerProcess, key: str) -> None:
+    """A cookie the browser held before signing in (planted or old) is not the one it
+    holds after; a signed-out id (a copy an attacker kept) is dead on the server too."""
+    with httpx.Client(base_url=server.url, timeout=WAIT) as client:
+        assert client.post("/ui/api/session", json={"api_key": key}).status_code == 200
+        first = client.cookies["sandlot_ui"]
+        again = client.post("/ui/api/session", json={"api_key": key})
+        second = again.cookies["sandlot_ui"]
+        assert second != first
+        old = httpx.get(f"{server.url}/ui/api/session", headers={"Cookie": f"sandlot_ui={first}"})
+        assert old.status_code == 401, old.text
+        csrf = again.json()["csrf"]
+        assert client.delete("/ui/api/session", headers={"X-CSRF-Token": csrf}).status_code == 204
+        kept = {"Cookie": f"sandlot_ui={second}"}
+        for path in ("/ui/api/session", "/ui/api/v1/sandboxes"):
+            response = httpx.get(server.url + path, headers=kept, timeout=WAIT)
+            assert response.status_code == 401, (path, response.text)
+
+
 # --- in the browser -------------------------------------------------------------------------
 
 
@@ -650,6 +669,43 @@ def test_another_site_on_this_host_can_neither_act_nor_sign_the_browser_in(
     browser.get(f"{server.url}/ui/")
     wait_for(browser, lambda d: css_all(d, "body[data-ready]"), "the app")
     assert css(browser, "#whoami").text == whoami  # still the victim's own session
+
+
+def test_sandbox_html_cannot_navigate_the_app_open_windows_or_submit_forms(
+    browser: Any, server: ServerProcess, key: str
+) -> None:
+    """Links and forms inside an HTML result, clicked by the user: none may take the
+    app's tab elsewhere, open a window, or send anything."""
+    sign_in(browser, server, key)
+    if not css(browser, "#nb-sandbox").get_attribute("value"):
+        new_sandbox(browser)
+    html = (
+        "<a id=top target=_top href='/health'>top</a> "
+        "<a id=blank target=_blank href='/health'>blank</a> "
+        "<a id=js href='javascript:parent.__sandlot_xss=6'>js</a> "
+        "<a id=away href='http://127.0.0.2:9/'>away</a> "
+        "<form id=f action='/ui/api/v1/sandboxes' method=post target=_top>"
+        "<input name=x value=y><button id=send>send</button></form>"
+    )
+    cell = run_cell(
+        browser,
+        f"HTML_ = {html!r}\nclass Page:\n    def _repr_html_(self): return HTML_\nPage()\n",
+    )
+    frame = css(cell, "iframe.output-frame")
+    app = browser.current_url
+    windows = list(browser.window_handles)
+    for target in ("top", "blank", "js", "send", "away"):
+        browser.switch_to.frame(frame)
+        try:
+            wait_for(browser, lambda d, t=target: css_all(d, f"#{t}"), f"the {target} link")
+            css(browser, f"#{target}").click()
+        finally:
+            browser.switch_to.default_content()
+        assert browser.current_url == app, target
+        assert list(browser.window_handles) == windows, target
+        assert browser.execute_script("return window.__sandlot_xss") is None, target
+        if target != "away":  # the last one may take the frame itself: that is its own box
+            frame = css(cell, "iframe.output-frame")
 
 
 def test_a_script_on_the_page_without_the_csrf_token_is_refused(
