@@ -155,7 +155,8 @@ def test_state_changing_calls_without_the_csrf_token_are_refused(
         try:
             attempts = {
                 "no token": {},
-                "wrong token": {"X-CSRF-Token": "x" + csrf[1:]},
+                # One character off (never the token itself: it may start with "x").
+                "wrong token": {"X-CSRF-Token": ("y" if csrf[0] == "x" else "x") + csrf[1:]},
                 "foreign origin": {"X-CSRF-Token": csrf, "Origin": "http://evil.example"},
             }
             for what, headers in attempts.items():
@@ -319,6 +320,30 @@ def test_sign_in_issues_a_fresh_id_and_sign_out_forgets_it(server: ServerProcess
         for path in ("/ui/api/session", "/ui/api/v1/sandboxes"):
             response = httpx.get(server.url + path, headers=kept, timeout=WAIT)
             assert response.status_code == 401, (path, response.text)
+
+
+def test_one_key_holds_a_bounded_number_of_sessions(server: ServerProcess) -> None:
+    """Signing in over and over with one key signs out only that key's oldest sessions
+    (the store's global cap is then out of one key's reach)."""
+    other = httpx.post(
+        f"{server.url}/ui/api/session", json={"api_key": server.key("bystander")}, timeout=WAIT
+    ).cookies["sandlot_ui"]
+    flooder = server.key("flooder")
+    ids = [
+        httpx.post(f"{server.url}/ui/api/session", json={"api_key": flooder}, timeout=WAIT).cookies[
+            "sandlot_ui"
+        ]
+        for _ in range(33)
+    ]
+
+    def alive(session: str) -> bool:
+        headers = {"Cookie": f"sandlot_ui={session}"}
+        response = httpx.get(f"{server.url}/ui/api/session", headers=headers, timeout=WAIT)
+        return response.status_code == 200
+
+    assert not alive(ids[0])
+    assert all(alive(session) for session in ids[1:])
+    assert alive(other)
 
 
 # --- in the browser -------------------------------------------------------------------------
