@@ -135,3 +135,49 @@ def test_chat_allow_edit_refuse(server: ServerProcess, model: ScriptedModel) -> 
     assert not any("Revenue by region" in code or "os.system" in code for code in codes)
     assert {row["tenant"] for row in rows} == {"analyst"}
     assert len(model.requests) == 4
+
+
+TROJAN = (
+    # Python reads: access != "none<RLO> <LRI># admin only<PDI> <LRI>", always true; an
+    # editor reorders the line so that the comparison seems to end at "none".
+    'access = "user"\n'
+    'if access != "none\u202e \u2066# admin only\u2069 \u2066":\n'
+    '    print("ran for", access)\n'
+)
+
+
+def test_a_cell_with_hidden_characters_cannot_be_approved_as_shown(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """ "Trojan Source": a model (or a prompt injection) writes a cell whose bidirectional
+    controls make it read differently from how Python runs it. The review shows them
+    and will not run the cell as is: what is approved is what runs."""
+    with ScriptedModel([Run(TROJAN), Say("done")]) as model:
+        env = {
+            "SANDLOT_CHAT_PROVIDER": "openai",
+            "SANDLOT_CHAT_BASE_URL": f"{model.url}/v1",
+            "SANDLOT_CHAT_MODEL": "scripted",
+            "OPENAI_API_KEY": "not-a-real-key",
+        }
+        server = ServerProcess(tmp_path_factory.mktemp("ui-chat-hidden"), env=env).start()
+        try:
+            with chromium() as browser:
+                sign_in(browser, server, server.key("reviewer"))
+                browser.get(f"{server.url}/ui/#/chat")
+                wait_for(browser, lambda d: css(d, "#page-chat").is_displayed(), "the chat")
+                css(browser, "#chat-start").click()
+                wait_for(browser, lambda d: css(d, "#chat-question").is_enabled(), "the chat")
+                css(browser, "#chat-question").send_keys("Am I an admin?")
+                css(browser, "#chat-ask").click()
+                box = review(browser, 1)
+                shown = css(box, "textarea").get_attribute("value")
+                assert "\u202e" not in shown and "\u2066" not in shown, shown
+                assert "⟨U+202E⟩" in shown and "⟨U+2066⟩" in shown, shown
+                assert css(box, ".hidden-characters").is_displayed()
+                assert not css(box, "button.allow").is_enabled()
+                css(box, "button.refuse").click()
+                wait_for(browser, lambda d: css_all(d, ".chat-answer"), "the answer")
+            rows = server.cli("audit", "--tenant", "reviewer", "--json").stdout.splitlines()
+            assert not any("admin only" in row for row in rows), rows
+        finally:
+            server.stop()

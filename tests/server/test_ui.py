@@ -12,10 +12,13 @@ pictures are made so).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,11 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 SALES_CSV = REPO / "examples" / "data" / "sales.csv"
+DOT_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk\n"
+    "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==\n"
+)
+"""A 1x1 PNG in base64 broken into lines, as base64.encodebytes writes it."""
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +155,8 @@ def test_state_changing_calls_without_the_csrf_token_are_refused(
         try:
             attempts = {
                 "no token": {},
-                "wrong token": {"X-CSRF-Token": "x" + csrf[1:]},
+                # One character off (never the token itself: it may start with "x").
+                "wrong token": {"X-CSRF-Token": ("y" if csrf[0] == "x" else "x") + csrf[1:]},
                 "foreign origin": {"X-CSRF-Token": csrf, "Origin": "http://evil.example"},
             }
             for what, headers in attempts.items():
@@ -209,6 +218,132 @@ def test_a_revoked_key_signs_its_sessions_out(server: ServerProcess) -> None:
         server.cli("keys", "revoke", key.split("_")[1])
         assert client.get("/ui/api/v1/sandboxes").status_code == 401
         assert client.get("/ui/api/session").status_code == 401
+
+
+def test_a_request_with_two_session_cookies_is_not_signed_in(server: ServerProcess) -> None:
+    """Cookies ignore ports: a page on another port of this host (or a sibling domain)
+    can plant a second ``sandlot_ui`` cookie with a longer Path, which the browser then
+    sends first. The gateway and the routes must not each pick a different one (the
+    page showing one tenant while the gateway acts as another): two is refused."""
+    mine = httpx.post(
+        f"{server.url}/ui/api/session", json={"api_key": server.key("victim")}, timeout=WAIT
+    )
+    planted = httpx.post(
+        f"{server.url}/ui/api/session", json={"api_key": server.key("planter")}, timeout=WAIT
+    )
+    both = {
+        "Cookie": f"sandlot_ui={planted.cookies['sandlot_ui']}; "
+        f"sandlot_ui={mine.cookies['sandlot_ui']}"
+    }
+    for path in ("/ui/api/session", "/ui/api/v1/sandboxes", "/ui/api/console/keys"):
+        response = httpx.get(server.url + path, headers=both, timeout=WAIT)
+        assert response.status_code == 401, (path, response.text)
+    # Each alone still works.
+    for response, tenant in ((mine, "victim"), (planted, "planter")):
+        alone = {"Cookie": f"sandlot_ui={response.cookies['sandlot_ui']}"}
+        session = httpx.get(f"{server.url}/ui/api/session", headers=alone, timeout=WAIT)
+        assert session.json()["tenant"] == tenant
+
+
+def test_a_file_downloaded_through_the_gateway_is_never_a_page_of_this_origin(
+    server: ServerProcess, key: str
+) -> None:
+    """A sandbox writes a page with script in it: fetched through the session it comes
+    back as an opaque download (saved, not shown; no script if shown anyway)."""
+    with api(server, key) as client, httpx.Client(base_url=server.url, timeout=WAIT) as page:
+        sandbox = client.post("/v1/sandboxes", json={}).json()["sandbox_id"]
+        try:
+            html = b"<script>document.title='ran'</script><h1>hello</h1>"
+            written = client.post(
+                f"/v1/sandboxes/{sandbox}/files", params={"path": "page.html"}, content=html
+            )
+            assert written.status_code in (200, 201), written.text
+            assert page.post("/ui/api/session", json={"api_key": key}).status_code == 200
+            got = page.get(f"/ui/api/v1/sandboxes/{sandbox}/files", params={"path": "page.html"})
+            assert got.status_code == 200 and got.content == html
+            assert got.headers["content-type"] == "application/octet-stream"
+            assert got.headers["x-content-type-options"] == "nosniff"
+            assert got.headers["content-disposition"] == "attachment"
+            csp = [part.strip() for part in got.headers["content-security-policy"].split(";")]
+            assert "sandbox" in csp and "frame-ancestors 'none'" in csp
+        finally:
+            client.delete(f"/v1/sandboxes/{sandbox}")
+
+
+def test_the_gateway_reaches_nothing_outside_v1(server: ServerProcess, key: str) -> None:
+    """Dot segments, encoded or not, and doubled slashes are not resolved: with the
+    session's key in hand, the gateway still reaches only ``/v1`` routes (not the
+    key-guarded ``/openapi.json``, ``/metrics`` or the E2B control plane)."""
+    with httpx.Client(base_url=server.url, timeout=WAIT) as client:
+        assert client.post("/ui/api/session", json={"api_key": key}).status_code == 200
+        for path in (
+            "/ui/api/v1/../../openapi.json",
+            "/ui/api/v1/%2e%2e/%2e%2e/openapi.json",
+            "/ui/api/v1/%2E%2E%2F%2E%2E%2Fmetrics",
+            "/ui/api/v1//metrics",
+            "/ui/api/v1/..%2f..%2fv2/sandboxes",
+            "/ui/api/v1/sandboxes/..%2f..%2f..%2fmetrics",
+        ):
+            response = client.get(path)
+            assert response.status_code == 404, (path, response.status_code, response.text)
+        # X-API-Key and a method override from the page are dropped like Authorization.
+        other = server.key("gateway-other")
+        with api(server, other) as theirs:
+            sandbox = theirs.post("/v1/sandboxes", json={}).json()["sandbox_id"]
+            try:
+                seen = client.get(f"/ui/api/v1/sandboxes/{sandbox}", headers={"X-API-Key": other})
+                assert seen.status_code == 404, seen.text
+                killed = client.get(
+                    f"/ui/api/v1/sandboxes/{sandbox}",
+                    headers={"X-HTTP-Method-Override": "DELETE", "X-API-Key": other},
+                )
+                assert killed.status_code == 404
+                assert theirs.get(f"/v1/sandboxes/{sandbox}").status_code == 200
+            finally:
+                theirs.delete(f"/v1/sandboxes/{sandbox}")
+
+
+def test_sign_in_issues_a_fresh_id_and_sign_out_forgets_it(server: ServerProcess, key: str) -> None:
+    """A cookie the browser held before signing in (planted or old) is not the one it
+    holds after; a signed-out id (a copy an attacker kept) is dead on the server too."""
+    with httpx.Client(base_url=server.url, timeout=WAIT) as client:
+        assert client.post("/ui/api/session", json={"api_key": key}).status_code == 200
+        first = client.cookies["sandlot_ui"]
+        again = client.post("/ui/api/session", json={"api_key": key})
+        second = again.cookies["sandlot_ui"]
+        assert second != first
+        old = httpx.get(f"{server.url}/ui/api/session", headers={"Cookie": f"sandlot_ui={first}"})
+        assert old.status_code == 401, old.text
+        csrf = again.json()["csrf"]
+        assert client.delete("/ui/api/session", headers={"X-CSRF-Token": csrf}).status_code == 204
+        kept = {"Cookie": f"sandlot_ui={second}"}
+        for path in ("/ui/api/session", "/ui/api/v1/sandboxes"):
+            response = httpx.get(server.url + path, headers=kept, timeout=WAIT)
+            assert response.status_code == 401, (path, response.text)
+
+
+def test_one_key_holds_a_bounded_number_of_sessions(server: ServerProcess) -> None:
+    """Signing in over and over with one key signs out only that key's oldest sessions
+    (the store's global cap is then out of one key's reach)."""
+    other = httpx.post(
+        f"{server.url}/ui/api/session", json={"api_key": server.key("bystander")}, timeout=WAIT
+    ).cookies["sandlot_ui"]
+    flooder = server.key("flooder")
+    ids = [
+        httpx.post(f"{server.url}/ui/api/session", json={"api_key": flooder}, timeout=WAIT).cookies[
+            "sandlot_ui"
+        ]
+        for _ in range(33)
+    ]
+
+    def alive(session: str) -> bool:
+        headers = {"Cookie": f"sandlot_ui={session}"}
+        response = httpx.get(f"{server.url}/ui/api/session", headers=headers, timeout=WAIT)
+        return response.status_code == 200
+
+    assert not alive(ids[0])
+    assert all(alive(session) for session in ids[1:])
+    assert alive(other)
 
 
 # --- in the browser -------------------------------------------------------------------------
@@ -387,6 +522,215 @@ def test_sandbox_output_cannot_run_script_in_the_page(
     assert not [
         entry for entry in browser.get_log("browser") if "__sandlot_xss" in entry["message"]
     ]
+
+
+def test_a_result_built_to_stall_the_image_check_does_not_freeze_the_page(
+    browser: Any, server: ServerProcess, key: str
+) -> None:
+    """A "PNG" of 1.6 million spaces and one stray character: the page's base64 check
+    once backtracked quadratically on it (the tab froze for many minutes, and this
+    test's browser call timed out). It must be refused as not base64, at once."""
+    sign_in(browser, server, key)
+    if not css(browser, "#nb-sandbox").get_attribute("value"):
+        new_sandbox(browser)
+    cell = run_cell(
+        browser,
+        "from IPython.display import display\n"
+        f"DOT = {DOT_PNG!r}\n"
+        "class Stall:\n"
+        "    def _repr_png_(self): return ' ' * 1_600_000 + '!'\n"
+        "class Dot:\n"
+        "    def _repr_png_(self): return DOT\n"
+        "display(Stall())\n"
+        "display(Dot())\n",
+    )
+    assert cell.get_attribute("data-status") == "ok", cell.text
+    results = css_all(cell, ".result")
+    assert len(results) == 2, cell.text
+    assert "(png image that is not base64)" in results[0].text
+    assert not css_all(results[0], "img")
+    # A real PNG whose base64 is broken into lines still shows.
+    dot = css(results[1], "img.output-image")
+    wait_for(
+        browser, lambda d: d.execute_script("return arguments[0].naturalWidth", dot), "the PNG"
+    )
+
+
+def test_file_names_show_as_text_with_hidden_characters_revealed(
+    browser: Any, server: ServerProcess, key: str
+) -> None:
+    """A sandbox names its files: markup in a name stays text, and a right-to-left
+    override cannot make ``invoice<RLO>fdp.exe`` pass for ``invoiceexe.pdf``."""
+    sign_in(browser, server, key)
+    sandbox = new_sandbox(browser)
+    markup = "<img src=x onerror=window.__sandlot_xss=5>"
+    run_cell(
+        browser,
+        f"open({markup!r}, 'w').write('x')\n"
+        "open('invoice\u202efdp.exe', 'w').write('x')\n"
+        "open('tab\there', 'w').write('x')\n",
+    )
+    css(browser, "#files-refresh").click()
+    # Read the list in one step (it is redrawn when a cell ends).
+    links = wait_for(
+        browser,
+        lambda d: (
+            (
+                rows := d.execute_script(
+                    "return [...document.querySelectorAll('#files-list a.file')]"
+                    ".map((a) => [a.textContent, a.getAttribute('download')])"
+                )
+            )
+            and len(rows) >= 3
+            and rows
+        ),
+        "the files",
+    )
+    names = [name for name, _ in links]
+    assert markup in names, names
+    assert "invoice⟨U+202E⟩fdp.exe" in names and "tab\there" in names, names
+    assert not any("\u202e" in name for name in names), names
+    assert ["invoice⟨U+202E⟩fdp.exe"] * 2 in [list(pair) for pair in links], links
+    assert not css_all(browser, "#files-list img")
+    assert browser.execute_script("return window.__sandlot_xss") is None
+    with api(server, key) as client:
+        client.delete(f"/v1/sandboxes/{sandbox}")
+
+
+ATTACK_PAGE = """<!doctype html><title>attack</title><body><script>
+const target = %(target)s, key = %(key)s, sandbox = %(sandbox)s;
+const json = JSON.stringify({ api_key: key });
+const files = target + '/ui/api/v1/sandboxes/' + sandbox + '/files?path=';
+const tries = [
+  // Same site (cookies ignore ports, SameSite=Strict lets the cookie through): a raw
+  // upload, which needs no JSON, into a sandbox of the victim's whose id it learnt.
+  fetch(files + 'planted.txt', { method: 'POST', mode: 'no-cors',
+    credentials: 'include', headers: { 'Content-Type': 'text/plain' }, body: 'planted' }),
+  fetch(files + 'planted2.txt', { method: 'POST', mode: 'no-cors',
+    credentials: 'include', body: new Blob(['planted']) }),
+  // Login CSRF: sign the victim in with the attacker's key (no Content-Type at all).
+  fetch(target + '/ui/api/session', { method: 'POST', mode: 'no-cors',
+    credentials: 'include', body: new Blob([json]) }),
+  fetch(target + '/ui/api/session', { method: 'POST', mode: 'no-cors',
+    credentials: 'include', headers: { 'Content-Type': 'text/plain' }, body: json }),
+];
+const form = document.createElement('form');
+form.method = 'POST';
+form.enctype = 'text/plain';
+form.action = target + '/ui/api/session';
+form.target = 'sink';
+const input = document.createElement('input');
+input.name = '{"api_key": "' + key + '", "x": "';
+input.value = '"}';
+form.append(input);
+const sink = document.createElement('iframe');
+sink.name = 'sink';
+sink.onload = () => { if (sink.dataset.sent) document.title = 'form done'; };
+document.body.append(sink, form);
+Promise.allSettled(tries).then((results) => {
+  document.body.dataset.fetches = results.map((r) => r.status).join(',');
+  sink.dataset.sent = '1';
+  form.submit();
+});
+</script>"""
+
+
+@contextlib.contextmanager
+def attacker_site(page: str) -> Iterator[str]:
+    """Another origin on the same host (same site: another port): serves ``page``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    site = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{site.server_address[1]}"
+    finally:
+        site.shutdown()
+        site.server_close()
+        thread.join()
+
+
+def test_another_site_on_this_host_can_neither_act_nor_sign_the_browser_in(
+    browser: Any, server: ServerProcess, key: str
+) -> None:
+    """A page on another port of this host: the browser sends the session cookie with
+    its requests (same site), and it tries to write a file into the victim's sandbox,
+    then to sign the browser in with the attacker's own key (fetch with no
+    Content-Type or text/plain, and a text/plain form). Nothing happens."""
+    attacker_key = server.key("attacker")
+    sign_in(browser, server, key)
+    whoami = css(browser, "#whoami").text
+    assert "analyst" in whoami
+    with api(server, key) as mine, api(server, attacker_key) as theirs:
+        sandbox = mine.post("/v1/sandboxes", json={}).json()["sandbox_id"]
+        try:
+            page = ATTACK_PAGE % {
+                "target": json.dumps(server.url),
+                "key": json.dumps(attacker_key),
+                "sandbox": json.dumps(sandbox),
+            }
+            with attacker_site(page) as site:
+                browser.get(f"{site}/")
+                wait_for(browser, lambda d: d.title == "form done", "the attack page")
+                fetches = browser.execute_script("return document.body.dataset.fetches")
+                assert fetches == "fulfilled,fulfilled,fulfilled,fulfilled", fetches
+            listed = mine.get(f"/v1/sandboxes/{sandbox}/files/list", params={"path": "."})
+            assert not [e for e in listed.json() if "planted" in e["name"]], listed.json()
+            assert theirs.get("/v1/sandboxes").json() == []
+        finally:
+            mine.delete(f"/v1/sandboxes/{sandbox}")
+    browser.get(f"{server.url}/ui/")
+    wait_for(browser, lambda d: css_all(d, "body[data-ready]"), "the app")
+    assert css(browser, "#whoami").text == whoami  # still the victim's own session
+
+
+def test_sandbox_html_cannot_navigate_the_app_open_windows_or_submit_forms(
+    browser: Any, server: ServerProcess, key: str
+) -> None:
+    """Links and forms inside an HTML result, clicked by the user: none may take the
+    app's tab elsewhere, open a window, or send anything."""
+    sign_in(browser, server, key)
+    if not css(browser, "#nb-sandbox").get_attribute("value"):
+        new_sandbox(browser)
+    html = (
+        "<a id=top target=_top href='/health'>top</a> "
+        "<a id=blank target=_blank href='/health'>blank</a> "
+        "<a id=js href='javascript:parent.__sandlot_xss=6'>js</a> "
+        "<a id=away href='http://127.0.0.2:9/'>away</a> "
+        "<form id=f action='/ui/api/v1/sandboxes' method=post target=_top>"
+        "<input name=x value=y><button id=send>send</button></form>"
+    )
+    cell = run_cell(
+        browser,
+        f"HTML_ = {html!r}\nclass Page:\n    def _repr_html_(self): return HTML_\nPage()\n",
+    )
+    frame = css(cell, "iframe.output-frame")
+    app = browser.current_url
+    windows = list(browser.window_handles)
+    for target in ("top", "blank", "js", "send", "away"):
+        browser.switch_to.frame(frame)
+        try:
+            wait_for(browser, lambda d, t=target: css_all(d, f"#{t}"), f"the {target} link")
+            css(browser, f"#{target}").click()
+        finally:
+            browser.switch_to.default_content()
+        assert browser.current_url == app, target
+        assert list(browser.window_handles) == windows, target
+        assert browser.execute_script("return window.__sandlot_xss") is None, target
+        if target != "away":  # the last one may take the frame itself: that is its own box
+            frame = css(cell, "iframe.output-frame")
 
 
 def test_a_script_on_the_page_without_the_csrf_token_is_refused(

@@ -23,6 +23,8 @@ How a browser is trusted, and how little:
   of the app, and Trusted Types so that only the one policy that fills sandboxed
   frames may create HTML from a string. What a sandbox outputs as HTML or SVG is
   shown only in an ``<iframe sandbox>`` (no scripts, an opaque origin).
+* **Downloads**: every ``/ui/api/`` answer is an attachment under a CSP with
+  ``sandbox``, so a file a sandbox wrote never becomes a page of this origin.
 """
 
 from __future__ import annotations
@@ -87,6 +89,13 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"permissions-policy", b"camera=(), microphone=(), geolocation=(), payment=(), usb=()"),
 )
 
+API_CSP = CSP + "; sandbox"
+"""The policy of ``/ui/api/`` answers (JSON, NDJSON, downloads), which the page only
+fetches: should a browser ever show one as a document (a download opened in a tab, a
+sniffing bug), it gets an opaque origin and runs no script."""
+
+_REPLACED = frozenset({name for name, _ in SECURITY_HEADERS} | {b"content-disposition"})
+
 _FORWARDED = frozenset(
     {
         b"host",
@@ -120,16 +129,23 @@ class UiGateway:
             await self.app(scope, receive, send)
             return
 
+        api = path.startswith(PREFIX + "/api/")
+
         async def secured(message: Any) -> None:
             if message["type"] == "http.response.start":
-                headers = [
-                    (name, value)
-                    for name, value in message.get("headers", [])
-                    if name not in {header for header, _ in SECURITY_HEADERS}
-                ]
+                given = message.get("headers", [])
+                headers = [(name, value) for name, value in given if name not in _REPLACED]
                 headers.extend(SECURITY_HEADERS)
-                if path.startswith(PREFIX + "/api/"):
+                if api:
+                    headers = [
+                        (name, API_CSP.encode() if name == b"content-security-policy" else value)
+                        for name, value in headers
+                    ]
                     headers.append((b"cache-control", b"no-store"))
+                    # Bytes from a sandbox (a file downloaded through the gateway) are
+                    # saved, never shown: whatever its name or content, no browser
+                    # renders it under this origin.
+                    headers.append((b"content-disposition", b"attachment"))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -204,7 +220,7 @@ async def sign_in(request: Request, body: SignIn) -> JSONResponse:
     if principal is None:
         state.metrics.requests_rejected.labels("auth").inc()
         raise ApiError(401, "AuthenticationError", "invalid or revoked API key")
-    old = request.cookies.get(COOKIE)
+    old = cookie_of(list(request.scope["headers"]))
     sessions = sessions_of(request)
     sessions.drop(old)  # a new id on every sign-in: no session fixation
     session_id, session = sessions.create(body.api_key, principal)
@@ -225,7 +241,7 @@ async def sign_in(request: Request, body: SignIn) -> JSONResponse:
 
 @router.delete("/api/session", status_code=204)
 async def sign_out(request: Request, signed: SignedIn) -> Response:
-    sessions_of(request).drop(request.cookies.get(COOKIE))
+    sessions_of(request).drop(cookie_of(list(request.scope["headers"])))
     response = Response(status_code=204)
     response.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
     return response

@@ -29,6 +29,10 @@ SESSION_MAX_AGE = 24 * 3600.0
 """Seconds a session lives at most, however busy."""
 MAX_SESSIONS = 10_000
 """Sessions kept at once; past it the least recently used is signed out."""
+MAX_SESSIONS_PER_KEY = 32
+"""Sessions one API key may hold; past it the key's own least recently used is signed
+out, so that signing in over and over with one key cannot push other users' sessions
+out of the store (only :data:`MAX_SESSIONS` divided by this many keys could)."""
 
 
 @dataclass
@@ -48,16 +52,33 @@ class Sessions:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: OrderedDict[str, UiSession] = OrderedDict()
+        self._by_key: dict[str, OrderedDict[str, None]] = {}
+        """Each key's session ids, least recently used first (the cap per key)."""
 
     def create(self, key: str, principal: Principal) -> tuple[str, UiSession]:
         now = time.monotonic()
         session_id = secrets.token_urlsafe(32)
         session = UiSession(key, principal.tenant, secrets.token_urlsafe(32), now, now)
         with self._lock:
+            own = self._by_key.setdefault(key, OrderedDict())
+            while len(own) >= MAX_SESSIONS_PER_KEY:
+                self._remove(next(iter(own)))
             self._items[session_id] = session
+            self._by_key.setdefault(key, own)[session_id] = None
             while len(self._items) > MAX_SESSIONS:
-                self._items.popitem(last=False)
+                self._remove(next(iter(self._items)))
         return session_id, session
+
+    def _remove(self, session_id: str) -> None:
+        """Forget one session (the lock held)."""
+        session = self._items.pop(session_id, None)
+        if session is None:
+            return
+        own = self._by_key.get(session.key)
+        if own is not None:
+            own.pop(session_id, None)
+            if not own:
+                del self._by_key[session.key]
 
     def get(self, session_id: str | None) -> UiSession | None:
         if not session_id:
@@ -68,33 +89,45 @@ class Sessions:
             if session is None:
                 return None
             if now - session.seen > SESSION_IDLE or now - session.created > SESSION_MAX_AGE:
-                del self._items[session_id]
+                self._remove(session_id)
                 return None
             session.seen = now
             self._items.move_to_end(session_id)
+            self._by_key[session.key].move_to_end(session_id)
             return session
 
     def drop(self, session_id: str | None) -> None:
         if session_id:
             with self._lock:
-                self._items.pop(session_id, None)
+                self._remove(session_id)
 
     def drop_key(self, key: str) -> None:
         """Sign out every session of ``key`` (found revoked)."""
         with self._lock:
-            for session_id in [s for s, item in self._items.items() if item.key == key]:
-                del self._items[session_id]
+            for session_id in list(self._by_key.get(key, ())):
+                self._remove(session_id)
+
+    def count(self, key: str | None = None) -> int:
+        """Sessions kept (of ``key`` only, if given)."""
+        with self._lock:
+            return len(self._items) if key is None else len(self._by_key.get(key, ()))
 
 
 def cookie_of(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The session id a request carries: the one parser of the session cookie for the
+    gateway and the routes alike. None when there is none, or more than one: a page
+    on another port of the same host (cookies ignore ports) or a sibling domain can
+    plant a second ``sandlot_ui`` cookie with a longer ``Path``, which the browser
+    sends first; the app would otherwise act as one session and show another."""
+    found: list[str] = []
     for name, value in headers:
         if name != b"cookie":
             continue
         for part in value.decode("latin-1").split(";"):
             key, _, item = part.strip().partition("=")
-            if key == COOKIE:
-                return item
-    return None
+            if key.strip() == COOKIE:
+                found.append(item.strip())
+    return found[0] if len(found) == 1 else None
 
 
 def csrf_problem(method: str, headers: list[tuple[bytes, bytes]], session: UiSession) -> str | None:
@@ -134,8 +167,7 @@ async def signed_in(request: Request) -> tuple[Principal, UiSession]:
     """The session's principal (its key checked again: a revoked key signs out), with
     the CSRF check for anything but GET/HEAD."""
     sessions = sessions_of(request)
-    session_id = request.cookies.get(COOKIE)
-    session = sessions.get(session_id)
+    session = sessions.get(cookie_of(list(request.scope["headers"])))
     if session is None:
         raise ApiError(401, "AuthenticationError", "not signed in (POST /ui/api/session)")
     problem = csrf_problem(request.method, list(request.scope["headers"]), session)

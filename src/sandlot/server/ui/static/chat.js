@@ -2,7 +2,7 @@
 // shown with its pre-check report to allow, edit or refuse before it runs.
 
 import { api, ndjson } from './api.js';
-import { $, h } from './dom.js';
+import { $, h, hasHidden, revealed } from './dom.js';
 import { renderPrecheck, renderResult } from './render.js';
 
 const state = { chat: null, asking: false };
@@ -51,12 +51,19 @@ async function loadData(files) {
 }
 
 function reviewBox(message) {
+  // Code with characters that do not show (a bidirectional override can make a line
+  // read differently from how Python reads it) is shown with them revealed, and cannot
+  // be run as is: what the user approves must be what runs.
+  const hidden = hasHidden(message.code);
   const source = h('textarea', { class: 'source', spellcheck: 'false',
     rows: Math.min(20, Math.max(3, message.code.split('\n').length)) });
-  source.value = message.code;
+  source.value = revealed(message.code);
   const box = h('div', { class: 'cell chat-review', 'data-status': 'review' },
     h('div', { class: 'cell-head' }, h('span', { class: 'count', text: `cell ${message.step}` }),
       h('span', { class: 'status', text: 'waiting for your decision' })),
+    hidden ? h('p', { class: 'error hidden-characters', text: 'This cell has characters that do '
+      + 'not show (marked ⟨U+…⟩): it cannot be run as the model wrote it. Edit it or refuse it.' })
+      : null,
     source, renderPrecheck(message.precheck));
   const decide = async (action) => {
     const body = { review_id: message.review_id, action };
@@ -70,7 +77,8 @@ function reviewBox(message) {
   };
   const guarded = (action) => () => decide(action).catch((error) => status(`error: ${error.message}`));
   box.append(h('div', { class: 'toolbar' },
-    h('button', { type: 'button', class: 'allow', text: 'Run', onclick: guarded('allow') }),
+    h('button', { type: 'button', class: 'allow', text: 'Run', onclick: guarded('allow'),
+      disabled: hidden }),
     h('button', { type: 'button', class: 'edit', text: 'Run my edit', onclick: guarded('edit') }),
     h('button', { type: 'button', class: 'refuse danger', text: 'Refuse', onclick: guarded('refuse') })));
   return box;
@@ -83,7 +91,7 @@ function stepBox(message) {
     return box;
   }
   if (!$('#chat-review').checked || message.decision === 'edit') {
-    box.append(h('pre', { class: 'code-ran', text: message.code }));
+    box.append(h('pre', { class: 'code-ran', text: revealed(message.code) }));
   }
   const precheck = renderPrecheck(message.precheck);
   if (precheck && !$('#chat-review').checked) box.append(precheck);

@@ -3,7 +3,7 @@
 
 import { api, v1 } from './api.js';
 import { bars, sparkline } from './charts.js';
-import { $, bytes, clear, h, seconds, showError } from './dom.js';
+import { $, bytes, clear, h, revealed, seconds, showError } from './dom.js';
 
 const REFRESH_MS = 5000;
 const HISTORY = 60; // samples kept for the sparklines (5 minutes at REFRESH_MS)
@@ -80,7 +80,7 @@ async function searchAudit(event) {
       h('td', { class: 'num', text: seconds(row.duration) }),
       h('td', { text: row.error_name ?? '' }),
       h('td', { text: flagged }),
-      h('td', {}, h('pre', { class: 'code-snippet', text: code }))));
+      h('td', {}, h('pre', { class: 'code-snippet', text: revealed(code) }))));
   }
 }
 

@@ -51,3 +51,24 @@ export function bytes(value) {
   }
   return `${unit === 0 ? n : n.toFixed(1)} ${units[unit]}`;
 }
+
+// Characters that change how text looks without showing themselves: controls (but tab,
+// line feed and carriage return), bidirectional overrides, embeddings, isolates and
+// marks, zero-width spaces and joiners, the byte-order mark. In code or a file name they
+// can make what is shown differ from what is there ("Trojan Source": a right-to-left
+// override reorders a line; `invoice\u202Efdp.exe` shows as invoiceexe.pdf).
+const HIDDEN = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+
+/** `text` with every hidden character shown as ⟨U+XXXX⟩. */
+export function revealed(text) {
+  return String(text).replace(HIDDEN,
+    (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0')}⟩`);
+}
+
+/** Whether `text` holds a character that `revealed` would show. */
+export function hasHidden(text) {
+  HIDDEN.lastIndex = 0;
+  const found = HIDDEN.test(String(text));
+  HIDDEN.lastIndex = 0;
+  return found;
+}

@@ -1,7 +1,7 @@
 // The notebook: a sandbox, its code contexts, cells with streamed output, files.
 
 import { api, ndjson, v1 } from './api.js';
-import { $, bytes, clear, h, seconds, showError } from './dom.js';
+import { $, bytes, clear, h, revealed, seconds, showError } from './dom.js';
 import { renderPrecheck, renderResult } from './render.js';
 
 const state = {
@@ -195,18 +195,20 @@ async function listFiles(dir) {
   }
   const entries = await api('GET', sandboxPath(`/files/list?path=${encodeURIComponent(dir)}`));
   state.dir = dir;
-  $('#files-path').textContent = dir;
+  $('#files-path').textContent = revealed(dir);
   clear(body);
   entries.sort((a, b) => (a.type === b.type ? a.name.localeCompare(b.name) : a.type === 'dir' ? -1 : 1));
   for (const entry of entries) {
     const path = joinPath(dir, entry.name);
+    // A name is the sandbox's to choose: shown with its hidden characters revealed.
+    const shown = revealed(entry.name);
     let name;
     if (entry.type === 'dir') {
-      name = h('a', { href: '#', class: 'dir', text: `${entry.name}/`,
+      name = h('a', { href: '#', class: 'dir', text: `${shown}/`,
         onclick: (event) => { event.preventDefault(); listFiles(path).catch(fileError); } });
     } else {
       name = h('a', { href: sandboxPath(`/files?path=${encodeURIComponent(path)}`),
-        download: entry.name, class: 'file', text: entry.name });
+        download: shown, class: 'file', text: shown });
     }
     body.append(h('tr', { 'data-path': path }, h('td', {}, name),
       h('td', { class: 'num', text: entry.type === 'dir' ? '' : bytes(entry.size) })));
