@@ -228,6 +228,23 @@ def test_oversized_uploads_and_bodies_get_413(api: Api, alice: httpx.Client) -> 
         alice.delete(f"/v1/sandboxes/{sandbox_id}")
 
 
+def test_downloads_are_never_rendered_by_a_browser(api: Api, alice: httpx.Client) -> None:
+    """A sandbox chooses a file's bytes, and the server's origin also serves the web app:
+    a download is an attachment a browser neither sniffs nor runs as a page."""
+    sandbox_id = _create(alice)
+    try:
+        page = b"<html><script>parent.pwned = 1</script></html>"
+        assert alice.post(f"/v1/sandboxes/{sandbox_id}/files?path=p.html", content=page).is_success
+        response = alice.get(f"/v1/sandboxes/{sandbox_id}/files?path=p.html")
+        assert response.content == page
+        assert response.headers["content-type"] == "application/octet-stream"
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["content-disposition"] == "attachment"
+        assert response.headers["content-security-policy"].startswith("sandbox")
+    finally:
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
 # --- quotas ----------------------------------------------------------------------------
 
 

@@ -60,6 +60,7 @@ from sandlot.server._e2b_control import (
 )
 from sandlot.server._manager import ApiError, ManagedSandbox
 from sandlot.server._routes import (
+    DOWNLOAD_HEADERS,
     ContextInfo,
     CreateContext,
     Execute,
@@ -424,7 +425,7 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
         return StreamingResponse(
             _gzip(response.body_iterator),  # type: ignore[arg-type]
             media_type="application/octet-stream",
-            headers={"cache-control": "no-store", "content-encoding": "gzip"},
+            headers={**DOWNLOAD_HEADERS, "content-encoding": "gzip"},
         )
 
     @app.post("/files")

@@ -421,6 +421,17 @@ async def remove_code_context(request: Request, entry: Owned, context_id: str) -
 # --- files ------------------------------------------------------------------------------
 
 
+DOWNLOAD_HEADERS = {
+    "cache-control": "no-store",
+    # A file from a sandbox is the sandbox's choice of bytes, served from the same origin
+    # as the web app: a browser that opens its URL must neither sniff it into a page nor
+    # run it as one.
+    "x-content-type-options": "nosniff",
+    "content-security-policy": "sandbox; default-src 'none'",
+    "content-disposition": "attachment",
+}
+
+
 async def download(state: ServerState, entry: ManagedSandbox, path: str) -> StreamingResponse:
     """Stream a file out of the sandbox; errors (404...) are raised before the 200."""
     chunks: Iterator[bytes] = await state.blocking(entry.sandbox.files.read, path, "stream")
@@ -441,7 +452,7 @@ async def download(state: ServerState, entry: ManagedSandbox, path: str) -> Stre
             state.manager.touch(entry, -1)
 
     return StreamingResponse(
-        body(), media_type="application/octet-stream", headers={"cache-control": "no-store"}
+        body(), media_type="application/octet-stream", headers=DOWNLOAD_HEADERS
     )
 
 
