@@ -37,7 +37,7 @@ from sandlot._exceptions import (
     IsolationUnavailable,
 )
 from sandlot._models import NetworkEvent, ResourceUsage
-from sandlot.backends import _cgroups, _hostids
+from sandlot.backends import _cgroups, _hostids, _reaper
 from sandlot.backends._base import Finding, Probe, RecoveryToken
 from sandlot.backends._cgroups import process_start_time
 from sandlot.backends._channel import ChannelHandle, SandboxProcess
@@ -501,6 +501,9 @@ class Enter:
             os.setresuid(uid, uid, uid)
 
 
+REAP_WAIT = 10.0
+"""Seconds a start short of host ids waits for killed sandboxes to give theirs back."""
+
 PROBE_UID = 65534
 """``nobody``: what the probe runs its throwaway sandbox as when no range is delegated."""
 
@@ -516,7 +519,16 @@ def host_ids() -> _hostids.HostIds | None:
     if os.geteuid() != 0:
         return None
     lock_dir = os.environ.get(_hostids.LOCK_DIR_ENV) or _hostids.DEFAULT_LOCK_DIR
-    return _allocator(_hostids.configured_range(), lock_dir).acquire()
+    allocator = _allocator(_hostids.configured_range(), lock_dir)
+    try:
+        return allocator.acquire()
+    except _hostids.HostIdsExhausted:
+        # kill() does not wait for a sandbox to be reaped: the ids of one killed a moment
+        # ago come back once the reaper is done with it (milliseconds). Wait for that
+        # before refusing (no wait when nothing is being torn down).
+        if not _reaper.drain(REAP_WAIT):
+            raise
+        return allocator.acquire()
 
 
 @functools.lru_cache(maxsize=4)

@@ -196,6 +196,11 @@ class _ForkedSandbox:
         # Not at interpreter exit: daemon threads may still be waiting on it then.
         weakref.finalize(self, os.close, self._pidfd).atexit = False
 
+    def exit_fd(self) -> int:
+        """The pidfd: readable once the sandbox's pid 1 has exited (the handle's exit is
+        watched through it by the process-wide reaper, not by a thread of its own)."""
+        return self._pidfd
+
     def kill(self) -> None:
         if not self._exited:
             with contextlib.suppress(ProcessLookupError):
