@@ -360,10 +360,16 @@ class BwrapHandle(ChannelHandle):
     def kill(self) -> None:
         # Every process of the sandbox at once: SIGKILL to pid 1 alone ends the others
         # only after pid 1 has torn down its own address space, one after the other;
-        # together they exit in parallel and kill() returns sooner.
-        if self._cgroup is not None and self.alive:
+        # together they exit in parallel and the reaper is done sooner. Not needed when
+        # the process is the sandbox's pid 1 (a zygote's fork): its death ends every
+        # process of its pid namespace, and kill() does not wait for them anyway.
+        if self._cgroup is not None and self.alive and not self._process_is_init:
             self._cgroup.kill_all()
         super().kill()
+
+    @property
+    def _process_is_init(self) -> bool:
+        return bool(getattr(self._process, "is_pid_namespace_init", False))
 
     def _release(self) -> None:
         if self._egress is not None:

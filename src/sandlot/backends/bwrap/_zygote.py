@@ -189,6 +189,9 @@ class _ForkedSandbox:
     on it at the same time, and closing it under one of them could let the number be
     reused by an unrelated file."""
 
+    is_pid_namespace_init = True
+    """Its death ends every process of the sandbox (the kernel kills its pid namespace)."""
+
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._pidfd = os.pidfd_open(pid)
