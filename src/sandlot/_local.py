@@ -12,7 +12,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import heapq
 import itertools
+import logging
+import os
 import threading
 import time
 import uuid
@@ -57,6 +60,8 @@ from sandlot.policy import MiB, SandboxSpec
 from sandlot.pool import Pool, default_pool
 from sandlot.protocol import CHUNK_BYTES
 
+log = logging.getLogger("sandlot")
+
 OOM_POLL = 0.2
 """Seconds between checks of the sandbox's out-of-memory counter while a cell runs."""
 OUTPUT_SLACK = 4096
@@ -65,6 +70,79 @@ runner's truncation marker), before the host drops the rest itself."""
 NETWORK_SETTLE = 1.0
 """Seconds a finished cell waits for its egress connections to be closed, so that
 their records (with byte counts) land on its Execution rather than the next one."""
+
+TIMER_IDLE = 2.0
+"""Seconds the sandbox-timeout thread stays without timeouts to keep before it ends."""
+
+
+class _Timeouts:
+    """One thread for every sandbox's timeout in the process (a ``threading.Timer``
+    each would start a thread per sandbox). Cancelled entries stay in the heap until
+    their time or until they are half of it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[list[Any]] = []
+        self._live = 0
+        self._count = itertools.count()
+        self._running = False
+
+    def add(self, delay: float, callback: Any) -> list[Any]:
+        entry = [time.monotonic() + delay, next(self._count), callback]
+        with self._cond:
+            heapq.heappush(self._heap, entry)
+            self._live += 1
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="sandlot-timeouts", daemon=True).start()
+            elif self._heap[0] is entry:
+                self._cond.notify()  # earlier than what the thread waits for
+        return entry
+
+    def cancel(self, entry: list[Any]) -> None:
+        with self._cond:
+            if entry[2] is None:
+                return
+            entry[2] = None
+            self._live -= 1
+            if len(self._heap) > 64 and self._live * 2 < len(self._heap):
+                self._heap = [e for e in self._heap if e[2] is not None]
+                heapq.heapify(self._heap)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        entry = heapq.heappop(self._heap)
+                        callback, entry[2] = entry[2], None
+                        if callback is not None:
+                            self._live -= 1
+                            break
+                        continue
+                    if not self._live:
+                        self._heap.clear()
+                        if not self._cond.wait(TIMER_IDLE) and not self._live:
+                            self._running = False
+                            return
+                        continue
+                    self._cond.wait(self._heap[0][0] - now)
+            try:
+                callback()
+            except Exception:  # one sandbox's kill must not end every other's timeout
+                log.exception("killing a sandbox at its timeout failed")
+
+
+_TIMEOUTS = _Timeouts()
+
+
+def _reset_timeouts_after_fork() -> None:
+    global _TIMEOUTS
+    _TIMEOUTS = _Timeouts()  # a forked child has no timeout thread
+
+
+os.register_at_fork(after_in_child=_reset_timeouts_after_fork)
 
 
 _ERRORS: dict[str, type[SandlotError]] = {
@@ -100,7 +178,7 @@ class LocalCore:
         self._handle: SandboxHandle | None = None
         self._lock = threading.RLock()
         self._closed = False
-        self._timer: threading.Timer | None = None
+        self._timer: list[Any] | None = None
         self._ids = itertools.count(1)
         self.restarts = 0
         self.set_timeout(options.timeout)
@@ -147,18 +225,16 @@ class LocalCore:
         """Kill the sandbox ``timeout`` seconds from now (None: live until killed)."""
         with self._lock:
             if self._timer is not None:
-                self._timer.cancel()
+                _TIMEOUTS.cancel(self._timer)
                 self._timer = None
             if timeout is not None and not self._closed:
-                self._timer = threading.Timer(timeout, self.kill)
-                self._timer.daemon = True
-                self._timer.start()
+                self._timer = _TIMEOUTS.add(timeout, self.kill)
 
     def kill(self) -> None:
         with self._lock:
             self._closed = True
             if self._timer is not None:
-                self._timer.cancel()
+                _TIMEOUTS.cancel(self._timer)
                 self._timer = None
             handle, self._handle = self._handle, None
         if handle is not None:

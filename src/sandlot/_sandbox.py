@@ -555,7 +555,12 @@ class Sandbox:
         self.kill()
 
     def kill(self) -> None:
-        """Destroy the sandbox and every process and file in it. Idempotent."""
+        """Destroy the sandbox and every process and file in it. Idempotent.
+
+        Returns once every process of the sandbox has been sent SIGKILL (and every call
+        waiting on it has failed); a bubblewrap sandbox's reaping and the removal of its
+        cgroup finish in the background, within milliseconds, and before this process
+        exits."""
         self._core.kill()
 
     def is_running(self) -> bool:

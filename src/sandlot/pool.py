@@ -21,8 +21,10 @@ caller who would have started exactly the same one. Every backend works: for bub
 a pooled sandbox is a started process tree, for Docker and Podman a running container;
 either way taking one costs a queue hand-off, not a start plus the imports. Each has the
 pool's ``preload`` modules imported in its default kernel before it counts as ready
-(matplotlib with the Agg backend, then ``gc.freeze()``); imports land in
-``sys.modules`` only, so user code sees the same empty namespace, ``execution_count``,
+(matplotlib with the Agg backend, then ``gc.freeze()``), and has run one silent
+``None`` cell (so the caller's first cell does not pay for the kernel's first page
+copies); imports land in ``sys.modules`` only, so user code sees the same empty
+namespace, ``execution_count``,
 files, limits, cgroup, seccomp filter and uid as in a sandbox started on demand.
 A sandbox leaves the pool once, to one caller, and is never returned to it: a used
 sandbox is killed as usual.
@@ -50,7 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sandlot._exceptions import InvalidArgumentError, SandboxClosed
+from sandlot._exceptions import InvalidArgumentError, SandboxClosed, SandboxStartError
 from sandlot.backends import Backend, SandboxHandle, get_backend
 from sandlot.policy import DATA_STACK, Resources, SandboxSpec
 from sandlot.safetext import escape
@@ -311,8 +313,12 @@ class Pool:
         handle: SandboxHandle | None = None
         try:
             handle = bucket.backend.start(bucket.spec)
+            _warm_up(handle)
         except Exception as exc:  # reported to callers by their own (miss) starts
             log.warning("sandbox pool: a background start failed: %s", escape(exc, 1024))
+            if handle is not None:
+                handle.kill()
+                handle = None
         with self._cond:
             bucket.starting -= 1
             if handle is None:
@@ -327,6 +333,38 @@ class Pool:
                     return
         if handle is not None:
             handle.kill()  # the pool closed while it started
+
+
+WARM_UP_TIMEOUT = 30.0
+"""Seconds a ready sandbox's warm-up cell may take before the sandbox is discarded."""
+
+
+def _warm_up(handle: SandboxHandle) -> None:
+    """Run one silent ``None`` cell in the sandbox's default kernel before it counts as
+    ready: a forked kernel copies each page it first writes to, and the first cell
+    writes many (a millisecond or more of the caller's first cell otherwise). Silent:
+    ``execution_count`` stays 0; ``None`` sets no ``_``. Raises if the cell fails."""
+    stream = handle.request(
+        {
+            "type": "execute",
+            "id": "pool-warm-up",
+            "code": "None",
+            "context": "default",
+            "envs": {},
+            "timeout": WARM_UP_TIMEOUT,
+            "silent": True,
+        }
+    )
+    try:
+        deadline = time.monotonic() + WARM_UP_TIMEOUT
+        while (event := stream.next(max(0.0, deadline - time.monotonic()))) is not None:
+            if event["type"] == "exit":
+                if event.get("status") != "ok":
+                    raise SandboxStartError(f"the warm-up cell ended {event.get('status')!r}")
+                return
+        raise SandboxStartError("the warm-up cell did not end in time")
+    finally:
+        stream.close()
 
 
 def _key(spec: SandboxSpec, backend: Backend) -> _PoolKey:

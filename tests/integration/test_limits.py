@@ -19,7 +19,7 @@ import pytest
 
 import sandlot
 from sandlot import Sandbox
-from sandlot.backends import _cgroups
+from sandlot.backends import _cgroups, _reaper
 from sandlot.backends._hostids import (
     DEFAULT_LOCK_DIR,
     LOCK_DIR_ENV,
@@ -171,6 +171,7 @@ def test_the_cgroup_is_removed_with_the_sandbox(make_sandbox: Callable[..., Sand
     paths = list(_cgroup_of(sbx).paths.values())
     assert all(p.is_dir() for p in paths)
     sbx.kill()
+    assert _reaper.drain(10)  # kill() returns once it is signalled; it is reaped meanwhile
     assert not any(p.exists() for p in paths)
 
 
@@ -213,6 +214,7 @@ def test_each_sandbox_is_a_host_uid_of_its_own_until_it_ends(
     holders = HostIdAllocator(configured_range(), lock_dir).holders()
     assert {uids[0], uids[1]} <= set(holders)
     first.kill()
+    assert _reaper.drain(10)
     holders = HostIdAllocator(configured_range(), lock_dir).holders()
     assert uids[0] not in holders and uids[1] in holders
 

@@ -51,6 +51,9 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+PROCESS_WIDE = {"sandlot-reaper", "sandlot-timeouts"}
+
+
 def _snapshot() -> dict[str, object]:
     host = _cgroups.host()
     runtime = cache_dir() / "runtime"
@@ -71,7 +74,9 @@ def _snapshot() -> dict[str, object]:
         # Unfinished copies of the runner (a finished one is a cache, kept on purpose).
         "staging": sorted(p.name for p in runtime.glob(".stage-*")) if runtime.is_dir() else [],
         "fds": sorted(os.listdir("/proc/self/fd")),
-        "threads": sorted(t.name for t in threading.enumerate()),
+        # Threads of the process, not of a sandbox (each starts on first use and ends
+        # once idle for a while) are not counted: whether one is still idling is timing.
+        "threads": sorted(t.name for t in threading.enumerate() if t.name not in PROCESS_WIDE),
         "mounts": _mounts(),
     }
 

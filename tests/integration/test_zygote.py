@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from sandlot import Resources, Sandbox
+from sandlot.backends import _reaper
 
 pytestmark = [pytest.mark.requires_bwrap, pytest.mark.requires_template]
 
@@ -400,6 +401,8 @@ def test_an_idle_extra_zygote_is_stopped_and_a_busy_one_is_not(
         pid = second._process.pid  # type: ignore[union-attr]
         for sbx in started[-2:]:
             sbx.kill()
+        # kill() returns once the sandboxes are signalled; they are reaped meanwhile.
+        assert _reaper.drain(10)
         started.append(Sandbox(backend=backend, timeout=TIMEOUT))
         # (The first is still full, so this start grows the key again: a new zygote
         # may already be in the list.)

@@ -12,11 +12,14 @@ import json
 import signal
 import socket
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from sandlot._exceptions import IsolationUnavailable, SandboxLost, SandboxStartError
+from sandlot.backends import _reaper
 from sandlot.backends._base import EventStream
 from sandlot.backends._channel import ChannelHandle
 from sandlot.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION, encode
@@ -40,6 +43,14 @@ def channel() -> Iterator[tuple[ChannelHandle, socket.socket, subprocess.Popen[b
         if process.poll() is None:
             process.kill()
         process.wait()
+
+
+def _send_behind(runner: socket.socket, data: bytes) -> threading.Thread:
+    """Send ``data`` from another thread, as a runner (another process) would: the host
+    reads the channel only while a caller waits, so a large send blocks until then."""
+    sender = threading.Thread(target=runner.sendall, args=(data,), daemon=True)
+    sender.start()
+    return sender
 
 
 def _request(handle: ChannelHandle, runner: socket.socket) -> tuple[EventStream, str]:
@@ -77,7 +88,7 @@ def test_a_malformed_message_kills_the_sandbox(
 ) -> None:
     handle, runner, process = channel
     stream, _ = _request(handle, runner)
-    runner.sendall(line)
+    _send_behind(runner, line)
     with pytest.raises(SandboxLost, match="protocol"):
         stream.next(10)
     assert not handle.alive
@@ -181,8 +192,8 @@ def test_results_over_the_cells_budget_are_dropped_unparsed_and_the_cell_is_told
         small = {"type": "result", "id": rid, "data": {"text/plain": "1"}, "is_main_result": False}
         junk = f'{{"type":"result","id":"{rid}","is_main_result":false,"data":{{"a":['
         junk += '"ab",' * (400 * 1024 // 5) + '"x"]}}\n'  # 400 KiB of text, ~5 MiB parsed
-        runner.sendall(encode(small) + junk.encode() * 3 + encode(small))
-        runner.sendall(encode({"type": "exit", "id": rid, "status": "ok"}))
+        exit_event = encode({"type": "exit", "id": rid, "status": "ok"})
+        _send_behind(runner, encode(small) + junk.encode() * 3 + encode(small) + exit_event)
         kinds = []
         while (event := stream.next(5)) is not None:
             kinds.append(event["type"])
@@ -242,3 +253,90 @@ def test_the_cost_charged_before_parsing_covers_what_parsing_takes(item: str, si
     del value
     _, cost = frame_cost(line)
     assert cost >= kept, (item, cost, kept)
+
+
+# --- no reader thread: the waiting caller reads ------------------------------------------
+
+
+def test_what_the_sandbox_sent_before_it_died_comes_before_the_loss() -> None:
+    # Its exit is noticed on another thread (the reaper), possibly before anyone read
+    # what it sent last: that output still reaches the cell, then SandboxLost.
+    host, runner = socket.socketpair()
+    process = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    handle = ChannelHandle(host, process)
+    try:
+        runner.sendall(encode(READY))
+        handle.wait_ready(5)
+        stream, rid = _execute(handle, runner)
+        runner.sendall(encode({"type": "stdout", "id": rid, "text": "last words"}))
+        runner.close()
+        process.kill()
+        deadline = time.monotonic() + 10
+        while handle.alive:  # the reaper saw the exit; nothing has read the channel yet
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        event = stream.next(5)
+        assert event is not None and event["text"] == "last words"
+        with pytest.raises(SandboxLost, match="signal 9"):
+            stream.next(5)
+    finally:
+        handle.kill()
+
+
+def test_a_large_request_does_not_deadlock_against_a_runner_that_is_writing() -> None:
+    # A runner blocked writing to the host reads nothing until the host reads; the host
+    # sending a request larger than the socket's buffers must read meanwhile.
+    host, runner = socket.socketpair()
+    process = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    handle = ChannelHandle(host, process)
+    try:
+        runner.sendall(encode(READY))
+        handle.wait_ready(5)
+        stream, rid = _request(handle, runner)
+        chatter = encode({"type": "stdout", "id": rid, "text": "x" * 1000}) * 4000  # 4 MB
+        received = bytearray()
+
+        def play_runner() -> None:
+            runner.sendall(chatter)  # blocks until the host reads
+            while len(received) < 4 * 1024 * 1024:
+                data = runner.recv(1 << 20)
+                if not data:
+                    return
+                received.extend(data)
+
+        player = threading.Thread(target=play_runner, daemon=True)
+        player.start()
+        sender = threading.Thread(
+            target=handle.request,
+            args=({"type": "fs_write", "path": "a", "data": "y" * (4 * 1024 * 1024)},),
+            daemon=True,
+        )
+        sender.start()
+        sender.join(30)
+        assert not sender.is_alive(), "the host's send and the runner's deadlocked"
+        player.join(30)
+        assert len(received) >= 4 * 1024 * 1024
+        for _ in range(4000):  # and the runner's events all reached their stream
+            event = stream.next(5)
+            assert event is not None and event["type"] == "stdout"
+    finally:
+        handle.kill()
+        runner.close()
+
+
+def test_kill_returns_at_once_and_the_reaper_cleans_up() -> None:
+    host, runner = socket.socketpair()
+    process = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    cleaned = threading.Event()
+    handle = ChannelHandle(host, process, on_exit=cleaned.set)
+    runner.sendall(encode(READY))
+    handle.wait_ready(5)
+    stream, _ = _request(handle, runner)
+    handle.kill()
+    assert not handle.alive
+    with pytest.raises(SandboxLost, match="killed"):
+        stream.next(1)
+    assert _reaper.drain(10)
+    assert cleaned.is_set()
+    assert process.returncode == -signal.SIGKILL  # reaped, not left a zombie
+    runner.close()

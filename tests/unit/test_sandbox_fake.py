@@ -486,6 +486,25 @@ def test_sandbox_timeout_kills_it() -> None:
         sbx.run_code("1")
 
 
+def test_a_short_timeout_fires_on_time_behind_a_long_one() -> None:
+    # Every sandbox's timeout is on one thread, which waits for the earliest: a sandbox
+    # made later with a shorter timeout must wake it, and the long one must not fire.
+    long = Sandbox(backend=FakeBackend(Runner()), timeout=60)
+    started = [long]
+    try:
+        for _ in range(2):  # the second: the thread is surely waiting for the long one
+            short = Sandbox(backend=FakeBackend(Runner()), timeout=0.05)
+            started.append(short)
+            deadline = time.monotonic() + 5
+            while short.is_running() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not short.is_running()
+        assert long.is_running()
+    finally:
+        for sbx in started:
+            sbx.kill()
+
+
 def test_set_timeout_none_cancels(make: Callable[..., tuple[Sandbox, FakeBackend]]) -> None:
     sbx, _ = make(timeout=0.1)
     sbx.set_timeout(None)

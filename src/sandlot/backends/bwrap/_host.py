@@ -37,7 +37,7 @@ from sandlot._exceptions import (
     IsolationUnavailable,
 )
 from sandlot._models import NetworkEvent, ResourceUsage
-from sandlot.backends import _cgroups, _hostids
+from sandlot.backends import _cgroups, _hostids, _reaper
 from sandlot.backends._base import Finding, Probe, RecoveryToken
 from sandlot.backends._cgroups import process_start_time
 from sandlot.backends._channel import ChannelHandle, SandboxProcess
@@ -360,10 +360,16 @@ class BwrapHandle(ChannelHandle):
     def kill(self) -> None:
         # Every process of the sandbox at once: SIGKILL to pid 1 alone ends the others
         # only after pid 1 has torn down its own address space, one after the other;
-        # together they exit in parallel and kill() returns sooner.
-        if self._cgroup is not None and self.alive:
+        # together they exit in parallel and the reaper is done sooner. Not needed when
+        # the process is the sandbox's pid 1 (a zygote's fork): its death ends every
+        # process of its pid namespace, and kill() does not wait for them anyway.
+        if self._cgroup is not None and self.alive and not self._process_is_init:
             self._cgroup.kill_all()
         super().kill()
+
+    @property
+    def _process_is_init(self) -> bool:
+        return bool(getattr(self._process, "is_pid_namespace_init", False))
 
     def _release(self) -> None:
         if self._egress is not None:
@@ -501,6 +507,9 @@ class Enter:
             os.setresuid(uid, uid, uid)
 
 
+REAP_WAIT = 10.0
+"""Seconds a start short of host ids waits for killed sandboxes to give theirs back."""
+
 PROBE_UID = 65534
 """``nobody``: what the probe runs its throwaway sandbox as when no range is delegated."""
 
@@ -516,7 +525,16 @@ def host_ids() -> _hostids.HostIds | None:
     if os.geteuid() != 0:
         return None
     lock_dir = os.environ.get(_hostids.LOCK_DIR_ENV) or _hostids.DEFAULT_LOCK_DIR
-    return _allocator(_hostids.configured_range(), lock_dir).acquire()
+    allocator = _allocator(_hostids.configured_range(), lock_dir)
+    try:
+        return allocator.acquire()
+    except _hostids.HostIdsExhausted:
+        # kill() does not wait for a sandbox to be reaped: the ids of one killed a moment
+        # ago come back once the reaper is done with it (milliseconds). Wait for that
+        # before refusing (no wait when nothing is being torn down).
+        if not _reaper.drain(REAP_WAIT):
+            raise
+        return allocator.acquire()
 
 
 @functools.lru_cache(maxsize=4)

@@ -189,12 +189,20 @@ class _ForkedSandbox:
     on it at the same time, and closing it under one of them could let the number be
     reused by an unrelated file."""
 
+    is_pid_namespace_init = True
+    """Its death ends every process of the sandbox (the kernel kills its pid namespace)."""
+
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._pidfd = os.pidfd_open(pid)
         self._exited = False
         # Not at interpreter exit: daemon threads may still be waiting on it then.
         weakref.finalize(self, os.close, self._pidfd).atexit = False
+
+    def exit_fd(self) -> int:
+        """The pidfd: readable once the sandbox's pid 1 has exited (the handle's exit is
+        watched through it by the process-wide reaper, not by a thread of its own)."""
+        return self._pidfd
 
     def kill(self) -> None:
         if not self._exited:
