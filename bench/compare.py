@@ -112,7 +112,7 @@ def main() -> int:
     if not script:
         parser.error("name the bench script after --")
     load_start = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="sandlot-baseline-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tmp:
         base_src, commit = export(args.baseline, Path(tmp))
         sides: dict[str, list[dict[str, Any]]] = {"before": [], "now": []}
         for n in range(args.rounds):

@@ -41,7 +41,7 @@ def chromium() -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    profile = tempfile.mkdtemp(prefix="sandlot-ui-chromium-")
+    profile = tempfile.mkdtemp(prefix="ui-test-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for flag in CHROMIUM_FLAGS:

@@ -284,7 +284,7 @@ def test_a_shell_command_stops_at_the_cells_timeout(fresh_sandbox: Sandbox) -> N
 @pytest.fixture
 def readable_cache() -> Iterator[Path]:
     """A template cache the sandboxes' uid can read (pytest's tmp_path is private)."""
-    cache = Path(tempfile.mkdtemp(prefix="sandlot-test-cache-"))
+    cache = Path(tempfile.mkdtemp(prefix="ipython-test-cache-"))
     cache.chmod(0o755)
     try:
         yield cache

@@ -31,7 +31,7 @@ def postgres_url() -> Iterator[str]:
     bindir = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1])
     # Not under pytest's tmp_path: PostgreSQL refuses to run as root, and its user
     # must be able to reach the directory.
-    base = Path(tempfile.mkdtemp(prefix="sandlot-pg-"))
+    base = Path(tempfile.mkdtemp(prefix="pg-test-"))
     base.chmod(0o755)
     as_user: list[str] = []
     if os.getuid() == 0:
