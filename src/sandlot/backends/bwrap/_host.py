@@ -366,6 +366,10 @@ class BwrapHandle(ChannelHandle):
         if self._cgroup is not None and self.alive and not self._process_is_init:
             self._cgroup.kill_all()
         super().kill()
+        # The rest of the release waits for the reaper; the sandbox's door to the egress
+        # proxy closes now, so nothing reaches the network in its name after kill().
+        if self._egress is not None:
+            self._egress.close()
 
     @property
     def _process_is_init(self) -> bool:

@@ -398,6 +398,13 @@ class ContainerHandle(ChannelHandle):
         self.host_ids = ids
         super().__init__(sock, process, on_exit=self._release, **kwargs)
 
+    def kill(self) -> None:
+        super().kill()
+        # As for bwrap: the door to the egress proxy closes when kill() returns, not when
+        # the container's end has been seen.
+        if self._egress is not None:
+            self._egress.close()
+
     def _release(self) -> None:
         if self._egress is not None:
             self._egress.close()
