@@ -155,9 +155,11 @@ class MicroVMBackend(Backend):
 
     name = "microvm"
 
-    def __init__(self, *, egress: EgressProxy | None = None) -> None:
-        """``egress`` is accepted for the seam's sake; a network policy is refused."""
+    def __init__(self, *, egress: EgressProxy | None = None, machine: str = "microvm") -> None:
+        """``egress`` is accepted for the seam's sake; a network policy is refused.
+        ``machine``: QEMU's ``microvm`` (default) or ``q35`` (for comparison)."""
         self._egress = egress
+        self.machine = machine
 
     @classmethod
     def probe(cls) -> Probe:
@@ -225,7 +227,7 @@ class MicroVMBackend(Backend):
         ids = _hostids.acquire() if os.geteuid() == 0 else None
         argv = qemu_argv(
             qemu, spec, kernel=artifacts.kernel, initrd=initrd, image=image,
-            channel_fd=guest_sock.fileno(), accel=accel,
+            channel_fd=guest_sock.fileno(), accel=accel, machine=self.machine,
         )  # fmt: skip
         argv += ["-name", f"{NAME_PREFIX}.{os.getpid()}.{vm}", "-sandbox", QEMU_SECCOMP]
         user: dict[str, Any] = {}
@@ -275,7 +277,7 @@ class MicroVMBackend(Backend):
         return handle
 
     def pool_key(self) -> tuple[object, ...]:
-        return (self.name, os.environ.get(ACCEL_ENV, ""))
+        return (self.name, self.machine, os.environ.get(ACCEL_ENV, ""))
 
 
 GUEST_UP = b"sandlot-guest-up\n"

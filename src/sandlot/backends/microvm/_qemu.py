@@ -188,17 +188,25 @@ def qemu_argv(
     image: Path,
     channel_fd: int,
     accel: str,
+    machine: str = "microvm",
 ) -> list[str]:
     """The QEMU command line for ``spec``: a ``microvm`` machine with no network device
     (no ``-nic``/``-netdev`` and ``-nodefaults``), the template's root filesystem on a
     read-only virtio-blk device, the protocol on a virtio-serial port backed by
     ``channel_fd`` (QEMU's end of a socketpair), the console on QEMU's stdout, and no
-    monitor. ``accel``: ``kvm`` or ``tcg``."""
+    monitor. ``accel``: ``kvm`` or ``tcg``. ``machine``: ``microvm`` (virtio-mmio, no
+    firmware) or ``q35`` (virtio-pci behind SeaBIOS; for comparison, see bench/microvm.py)."""
     if accel not in ("kvm", "tcg"):
         raise ValueError(f"accel must be 'kvm' or 'tcg': {accel!r}")
+    if machine not in ("microvm", "q35"):
+        raise ValueError(f"machine must be 'microvm' or 'q35': {machine!r}")
+    bus = "device" if machine == "microvm" else "pci"
+    spec_machine = (
+        "microvm,x-option-roms=off,rtc=off,isa-serial=on" if machine == "microvm" else "q35"
+    )
     return [
         qemu,
-        "-M", "microvm,x-option-roms=off,rtc=off,isa-serial=on",
+        "-M", spec_machine,
         "-accel", accel,
         "-cpu", "host" if accel == "kvm" else "max",
         "-m", f"{guest_memory_mb(spec)}M",
@@ -210,8 +218,8 @@ def qemu_argv(
         "-initrd", str(initrd),
         "-append", kernel_cmdline(spec, accel),
         "-drive", f"id=root,file={image},format=raw,if=none,readonly=on",
-        "-device", "virtio-blk-device,drive=root",
+        "-device", f"virtio-blk-{bus},drive=root",
         "-chardev", f"socket,id=channel,fd={channel_fd}",
-        "-device", "virtio-serial-device,max_ports=2",
+        "-device", f"virtio-serial-{bus},max_ports=2",
         "-device", f"virtserialport,chardev=channel,nr=1,name={CHANNEL_PORT}",
     ]  # fmt: skip
