@@ -40,11 +40,11 @@ FIRST_CELL = "import numpy, pandas, matplotlib.pyplot\n1 + 1"
 def _variants(q35: bool) -> dict[str, Callable[[], Any]]:
     variants: dict[str, Callable[[], Any]] = {
         "bwrap (cold)": lambda: "bwrap",
-        "microvm (QEMU microvm machine)": lambda: MicroVMBackend(),
+        "microvm backend, QEMU microvm machine": lambda: MicroVMBackend(machine="microvm"),
     }
     if q35:
-        variants["microvm on QEMU q35 (SeaBIOS, virtio-pci)"] = lambda: MicroVMBackend(
-            machine="q35"
+        variants["microvm backend, QEMU q35 machine (SeaBIOS, virtio-pci)"] = lambda: (
+            MicroVMBackend(machine="q35")
         )
     return variants
 

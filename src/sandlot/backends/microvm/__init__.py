@@ -4,11 +4,12 @@ A guest kernel of its own stands between user code and the host's: a kernel bug 
 code exploits is the guest's, not the host's. What the sandbox sees is the same runner
 and protocol as under bwrap and Docker, so every SDK behaviour is the same.
 
-* QEMU's ``microvm`` machine, ``-nodefaults``: no network device at all, no monitor,
-  no firmware; the template's root filesystem on a read-only virtio-blk device (QEMU
-  opens it read-only, so not even root in the guest can write it), tmpfs for
-  ``/home/user`` and ``/tmp`` sized by ``Resources``; memory and vCPUs from
-  ``Resources``. Built by scripts/setup-vm.sh (:mod:`._qemu` finds it).
+* QEMU's ``microvm`` machine under KVM, ``q35`` under TCG (faster there, measured),
+  ``-nodefaults``: no network device at all, no monitor; the template's root
+  filesystem on a read-only virtio-blk device (QEMU opens it read-only, so not even
+  root in the guest can write it), tmpfs for ``/home/user`` and ``/tmp`` sized by
+  ``Resources``; memory and vCPUs from ``Resources``. Built by scripts/setup-vm.sh
+  (:mod:`._qemu` finds it).
 * The guest's first process is sandlot's init (busybox, in the initramfs), which execs
   the runner as pid 1 with uid 1000; the protocol travels over a virtio-serial port
   backed by a socketpair with this process (no network, no shared file system).
@@ -52,6 +53,7 @@ from sandlot.backends.microvm._qemu import (
     QEMU_ENV,
     SETUP_FIX,
     Artifacts,
+    default_machine,
     find_artifacts,
     qemu_argv,
     sandbox_initrd,
@@ -155,9 +157,10 @@ class MicroVMBackend(Backend):
 
     name = "microvm"
 
-    def __init__(self, *, egress: EgressProxy | None = None, machine: str = "microvm") -> None:
+    def __init__(self, *, egress: EgressProxy | None = None, machine: str = "auto") -> None:
         """``egress`` is accepted for the seam's sake; a network policy is refused.
-        ``machine``: QEMU's ``microvm`` (default) or ``q35`` (for comparison)."""
+        ``machine``: QEMU's ``microvm`` or ``q35``; ``auto`` (default) picks the faster
+        for the accelerator (:func:`._qemu.default_machine`)."""
         self._egress = egress
         self.machine = machine
 
@@ -227,7 +230,8 @@ class MicroVMBackend(Backend):
         ids = _hostids.acquire() if os.geteuid() == 0 else None
         argv = qemu_argv(
             qemu, spec, kernel=artifacts.kernel, initrd=initrd, image=image,
-            channel_fd=guest_sock.fileno(), accel=accel, machine=self.machine,
+            channel_fd=guest_sock.fileno(), accel=accel,
+            machine=default_machine(accel) if self.machine == "auto" else self.machine,
         )  # fmt: skip
         argv += ["-name", f"{NAME_PREFIX}.{os.getpid()}.{vm}", "-sandbox", QEMU_SECCOMP]
         user: dict[str, Any] = {}
