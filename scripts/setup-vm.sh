@@ -61,7 +61,7 @@ if [[ ! -s "$OUT/vmlinuz-$boot_key" || ! -s "$OUT/initrd-$boot_key.cpio" ]]; the
   root="$work/initrd"
   mkdir -p "$root"/{bin,dev,proc,sys,newroot,lib/modules,sandlot-lib}
   cp "$work/busybox/bin/busybox" "$root/bin/busybox"
-  for applet in sh mount umount insmod mkdir cp cat switch_root sleep echo ls chown chmod tr; do
+  for applet in sh mount umount insmod mkdir cp cat switch_root sleep echo ls chown chmod tr ip; do
     ln -s busybox "$root/bin/$applet"
   done
   modules=$(ls -d "$work"/kernel/lib/modules/*)

@@ -10,6 +10,10 @@ backend refuses to start, naming scripts/setup-vm.sh (no VM needed to check that
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -188,3 +192,28 @@ class TestInVM:
         sandbox.kill()
         assert _gone(pid)
         assert not MicroVMBackend.reap(token)  # nothing left to reap
+
+    def test_sigkill_of_the_owner_ends_its_vm(self, tmp_path: Path) -> None:
+        # The owner's end of the channel closes with it; the runner (pid 1 in the guest)
+        # sees the end of its channel and exits, and with it the guest and QEMU.
+        owner_code = textwrap.dedent(
+            """
+            from sandlot import Sandbox
+            from sandlot.backends.microvm import MicroVMBackend
+            sbx = Sandbox(backend=MicroVMBackend(), timeout=600)
+            print("qemu", sbx._core._handle.recovery_token()["pid"], flush=True)
+            import time
+            time.sleep(600)
+            """
+        )
+        with subprocess.Popen(
+            [sys.executable, "-c", owner_code], stdout=subprocess.PIPE, cwd=tmp_path
+        ) as owner:
+            assert owner.stdout is not None
+            line = owner.stdout.readline().decode()
+            assert line.startswith("qemu "), line
+            pid = int(line.split()[1])
+            assert Path(f"/proc/{pid}").exists()
+            owner.send_signal(signal.SIGKILL)
+            owner.wait()
+        assert _gone(pid), "QEMU outlived its owner"

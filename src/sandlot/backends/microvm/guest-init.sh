@@ -46,6 +46,9 @@ done
 # still here; fd 2 stays the console. guest_boot.py waits for the host end of the port,
 # says so, and execs the runner.
 exec 0<>"$port" 1>&0
+# The guest's only network interface is its loopback (servers and clients inside the
+# sandbox talk over it, as in the other backends); there is no network device.
+ip link set lo up || fail "cannot bring up the loopback interface"
 mount -t ext4 -o ro,noatime,noload /dev/vda /newroot || fail "cannot mount the root filesystem"
 mount -t tmpfs -o "size=${disk_mb}m,mode=0700,uid=1000,gid=1000,nosuid,nodev" home /newroot/home/user \
   || fail "cannot mount /home/user"
