@@ -137,11 +137,10 @@ def sandbox_initrd(artifacts: Artifacts) -> Path:
 
 
 def default_machine(accel: str) -> str:
-    """``q35`` under TCG, ``microvm`` under KVM. Measured here under TCG
-    (bench/results/microvm-*.md): q35 reached the runner's ready in about half the time
-    of microvm and answered a cell in 5.6 ms against 24 ms; the microvm machine offers
-    the guest no timer to calibrate its clock against (no HPET, no ACPI PM timer) and
-    its virtio-mmio devices are slower to emulate. Under KVM (kvmclock) the microvm
+    """``q35`` under TCG, ``microvm`` under KVM. Measured here under TCG, two runs
+    (bench/results/microvm-*.md): q35 reached the runner's ready in 4.6 and 4.3 s,
+    microvm in 8.5 and 6.4 s; the microvm machine offers the guest no timer to calibrate
+    its clock against (no HPET, no ACPI PM timer). Under KVM (kvmclock) the microvm
     machine skips the firmware and PCI enumeration, which is what makes it boot fast."""
     return "microvm" if accel == "kvm" else "q35"
 
