@@ -160,9 +160,11 @@ def restore_rows(runs: int) -> tuple[list[float], float]:
             t0 = time.perf_counter()
             process, host = _vm(argv, ["-incoming", f"exec:cat {state}"])
             handle = ChannelHandle(host, process)
-            answer = _first_result(handle, "1 + 1")
-            times.append((time.perf_counter() - t0) * 1000)
-            handle.kill()
+            try:
+                answer = _first_result(handle, "1 + 1")
+                times.append((time.perf_counter() - t0) * 1000)
+            finally:
+                handle.kill()  # also when it did not answer: no VM outlives the bench
             if answer != "2":
                 raise RuntimeError(f"restored VM answered {answer!r}")
     return times, size
