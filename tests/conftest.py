@@ -5,8 +5,8 @@ Tests marked ``requires_bwrap`` need a working bubblewrap backend; tests marked
 tests need the ``server`` and ``dev`` extras (FastAPI, the E2B client...). Each prerequisite is
 checked once per session (cached). When one is missing the test is skipped with
 the reason, unless ``$SANDLOT_REQUIRE`` names it ("bwrap", "template", "docker",
-"runsc", "podman", "server", "postgres", "browser", "ray"; CI sets it): then the test
-fails, so a broken CI host cannot pass by skipping everything.
+"runsc", "podman", "microvm", "server", "postgres", "browser", "ray"; CI sets it): then
+the test fails, so a broken CI host cannot pass by skipping everything.
 
 The checks run in ``pytest_runtest_setup`` (before any fixture), so a module- or
 session-scoped sandbox fixture is never started on a host that cannot run it.
@@ -56,6 +56,14 @@ def _template_problem() -> str | None:
 
 
 @functools.cache
+def _microvm_problem() -> str | None:
+    """Why the microvm backend cannot run here (QEMU, kernel, image: scripts/setup-vm.sh)."""
+    from sandlot.backends.microvm import MicroVMBackend
+
+    probe = MicroVMBackend.probe()
+    return None if probe.available else f"{probe.reason} (fix: {probe.fix})"
+
+
 def _container_problem(backend: str) -> str | None:
     """Why a container backend ("docker", "docker-runsc", "podman") cannot run here."""
     from sandlot.backends import load_backend
@@ -148,6 +156,7 @@ _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     ("requires_docker", "docker", lambda: _container_problem("docker")),
     ("requires_runsc", "runsc", lambda: _container_problem("docker-runsc")),
     ("requires_podman", "podman", lambda: _container_problem("podman")),
+    ("requires_microvm", "microvm", _microvm_problem),
     ("requires_server", "server", _server_problem),
     ("requires_postgres", "postgres", _postgres_problem),
     ("requires_browser", "browser", _browser_problem),
@@ -163,6 +172,9 @@ BACKEND_MARKS: dict[str, Any] = {
     "docker": pytest.mark.requires_docker,
     "docker-runsc": pytest.mark.requires_runsc,
     "podman": pytest.mark.requires_podman,
+    # A QEMU VM per sandbox: under TCG each boot takes seconds, so all_backends suites
+    # run it only when $SANDLOT_BACKENDS names it (see OPT_IN_BACKENDS).
+    "microvm": pytest.mark.requires_microvm,
     # The SDK's remote mode: the same suite through a real ``sandlot serve`` subprocess
     # (which runs bwrap sandboxes). ``@pytest.mark.local_only`` tests skip it.
     "remote": pytest.mark.requires_server,
@@ -171,6 +183,11 @@ BACKEND_MARKS: dict[str, Any] = {
 every other backend the registry declares (an installed plug-in) joins them, run where
 its probe passes. ``$SANDLOT_BACKENDS`` (comma separated) narrows them, e.g.
 ``SANDLOT_BACKENDS=bwrap`` while iterating."""
+
+
+OPT_IN_BACKENDS = frozenset({"microvm"})
+"""Backends the ``all_backends`` suites run against only when ``$SANDLOT_BACKENDS`` names
+them (their own test modules run them regardless)."""
 
 
 def _backend_marks() -> dict[str, Any]:
@@ -192,7 +209,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     marks = _backend_marks()
     wanted = os.environ.get("SANDLOT_BACKENDS", "").split(",")
-    names = [n for n in marks if n in wanted] if any(wanted) else list(marks)
+    names = (
+        [n for n in marks if n in wanted]
+        if any(wanted)
+        else [n for n in marks if n not in OPT_IN_BACKENDS]
+    )
     if metafunc.definition.get_closest_marker("local_only") is not None:
         names = [n for n in names if n != "remote"]
     params = [pytest.param(n, marks=marks[n], id=n) for n in names]

@@ -144,6 +144,12 @@ def is_gvisor(sbx: Sandbox) -> bool:
     return getattr(getattr(sbx._core, "backend", None), "runtime", None) == "runsc"
 
 
+def is_vm(sbx: Sandbox) -> bool:
+    """Whether ``sbx`` runs in a virtual machine (microvm): its processes are the guest
+    kernel's, not host processes; on the host the sandbox is one QEMU process."""
+    return getattr(getattr(sbx._core, "backend", None), "name", None) == "microvm"
+
+
 def xfail_under_gvisor(
     sbx: Sandbox, request: pytest.FixtureRequest, reason: str, strict: bool = True
 ) -> None:

@@ -27,6 +27,7 @@ from escape_helpers import (
     host_processes,
     is_container,
     is_gvisor,
+    is_vm,
     sandbox_pid,
     the_daemon,
     wait_until,
@@ -332,8 +333,9 @@ def test_cpu_time_limit_ends_a_spin_that_outlives_its_cell(
         f"'while True: pass', {marker!r}])"
     )
     assert execution.error is None
-    # On the host, or under gVisor (whose processes the host cannot see) inside.
-    running = (lambda: with_marker_inside(sbx, marker)) if is_gvisor(sbx) else (
+    # On the host, or under gVisor or in a VM (whose processes the host cannot see) inside.
+    inside = is_gvisor(sbx) or is_vm(sbx)
+    running = (lambda: with_marker_inside(sbx, marker)) if inside else (
         lambda: bool(with_marker(marker))
     )  # fmt: skip
     wait_until(running, 30, "the spinner runs")  # control (slow on a loaded host)
@@ -357,7 +359,14 @@ def test_kill_leaves_no_process_on_the_host(
     marker = f"sandlot-escape-daemon-{uuid.uuid4().hex}"
     sbx = make_sandbox()
     assert sbx.run_code(daemon_cell(marker)).error is None
-    if is_container(sbx):
+    if is_vm(sbx):
+        # The daemon lives in the guest's kernel: seen from inside, never on the host,
+        # where the sandbox is one QEMU process.
+        assert with_marker_inside(sbx, marker)  # control
+        assert not with_marker(marker)
+        root = sandbox_pid(sbx)
+        sandbox_processes = {(root, host_processes()[root][1])}
+    elif is_container(sbx):
         view = container_view(sbx)
         sandbox_processes = view.processes()
         if is_gvisor(sbx):

@@ -41,14 +41,19 @@ def _strays(list_processes: ListProcesses, sbx: Sandbox) -> list[dict[str, Any]]
     """Live processes besides the supervisor (pid 1) and the listing kernel.
 
     Zombies are left out: they are dead and hold no resources but a pid until their
-    parent (the kernel, for the cell's direct children) reaps them.
+    parent (the kernel, for the cell's direct children) reaps them. So are a VM's guest
+    kernel threads (children of its ``kthreadd``, which only a kernel starts).
     """
     me, processes = list_processes(sbx)
     supervisor = next(p["ppid"] for p in processes if p["pid"] == me)
+    kthreadd = {p["pid"] for p in processes if p["comm"] == "kthreadd" and p["ppid"] == 0}
     return [
         p
         for p in processes
-        if p["pid"] not in (1, supervisor, me) and p["state"] != "Z" and p["ppid"] != 0
+        if p["pid"] not in (1, supervisor, me)
+        and p["state"] != "Z"
+        and p["ppid"] != 0
+        and p["ppid"] not in kthreadd
     ]
 
 

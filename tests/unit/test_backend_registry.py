@@ -83,7 +83,7 @@ def test_an_unknown_name_is_a_typed_error_listing_the_known_ones() -> None:
 
 def _probes(**available: int) -> list[Probe]:
     """A probe per built-in backend: those named available, with the given strength."""
-    names = ("bwrap", "docker", "podman", "zygote")
+    names = ("bwrap", "docker", "podman", "zygote", "microvm")
     return [
         Probe(n, n in available, "" if n in available else "absent", "", available.get(n, 0))
         for n in names
@@ -102,6 +102,14 @@ def test_auto_without_the_fast_path_takes_the_backend_itself() -> None:
     assert auto_choice(_probes(bwrap=10, docker=5)) == "bwrap"
     assert auto_choice(_probes(docker=5, podman=4)) == "docker"
     assert auto_choice(_probes()) is None
+
+
+def test_auto_never_picks_a_backend_that_is_by_name_only() -> None:
+    # A VM per sandbox takes seconds to start: asked for by name, never the default,
+    # whatever its strength and even when nothing else is available.
+    assert load_backend("microvm").by_name_only
+    assert auto_choice(_probes(microvm=99, bwrap=10, zygote=9)) == "zygote"
+    assert auto_choice(_probes(microvm=99)) is None
 
 
 def test_auto_gives_the_zygote_a_first_start_that_does_not_wait() -> None:

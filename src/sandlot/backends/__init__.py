@@ -293,10 +293,15 @@ def get_backend(name: str | Backend = "auto", *, egress: EgressProxy | None = No
 
 def auto_choice(probes: list[Probe]) -> str | None:
     """The backend ``"auto"`` starts sandboxes with, given every backend's probe: the
-    strongest available one, or its :attr:`Backend.fast_path` when that one is
-    available too; None when nothing is available.
+    strongest available one (of those not :attr:`Backend.by_name_only`), or its
+    :attr:`Backend.fast_path` when that one is available too; None when nothing is
+    available.
     """
-    available = {probe.name: probe for probe in probes if probe.available}
+    available = {
+        probe.name: probe
+        for probe in probes
+        if probe.available and not load_backend(probe.name).by_name_only
+    }
     if not available:
         return None
     strongest = max(available.values(), key=lambda p: p.strength).name

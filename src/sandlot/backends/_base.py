@@ -151,6 +151,10 @@ class Backend(ABC):
 
     name: str = ""
 
+    by_name_only: ClassVar[bool] = False
+    """True: ``"auto"`` never picks this backend, whatever its probe says; a user asks for
+    it by name (a virtual machine that takes seconds to start is no default)."""
+
     fast_path: ClassVar[str] = ""
     """The name of the backend that ``"auto"`` starts this one's sandboxes through when
     it picks this one and that backend's probe passes: the same isolation technology,
