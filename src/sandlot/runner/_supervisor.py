@@ -421,7 +421,7 @@ class Supervisor:
                     wait = ended + PIPE_GRACE - now
                     if wait <= 0:
                         break  # a grandchild holds the pipes open
-                for fd, _ in poller.poll(int(wait * 1000) + 1):
+                for fd, _ in poller.poll(int(min(wait, 3600.0) * 1000) + 1):  # a C int
                     if fd == pidfd:
                         poller.unregister(fd)  # exited: proc.poll() reaps it next
                         continue
