@@ -329,3 +329,50 @@ def test_a_background_fork_bomb_stays_within_pids_and_is_killed(
     assert sbx.commands.kill(bomb.pid) is True
     _eventually(lambda: _host_pids(marker) == [], "the bomb to be gone")
     assert sbx.commands.run("echo alive").stdout == "alive\n"
+
+
+PIDS_HOLDER = (
+    "import os, signal\n"
+    "kids = []\n"
+    "while True:\n"
+    "    try:\n"
+    "        pid = os.fork()\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    if pid == 0:\n"
+    "        signal.pause()\n"
+    "        os._exit(0)\n"
+    "    kids.append(pid)\n"
+    "print(len(kids), flush=True)\n"
+    "signal.pause()\n"
+)
+"""Takes every process the pids limit allows, says how many, and keeps them."""
+
+
+@pytest.mark.local_only  # the server's ceilings may refuse pids=64
+def test_a_command_with_the_pids_limit_used_up_says_so_and_runs_once_freed(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sbx = make_sandbox(resources={"pids": 64})
+    if _gvisor(sbx):
+        pytest.skip(HOST_INVISIBLE)
+    holder = sbx.commands.run(f"exec python3 -c '{PIDS_HOLDER}'", background=True)
+    spread = threading.Event()
+
+    def wait_for_holder() -> None:
+        with pytest.raises(CommandExitError):  # killed below
+            holder.wait(on_stdout=lambda _: spread.set())
+
+    waiter = threading.Thread(target=wait_for_holder, daemon=True)
+    waiter.start()
+    assert spread.wait(WAIT)
+    # Never an empty success: the output, or why it could not start.
+    blocked = sbx.commands.run("echo alive")
+    assert blocked.stdout == "alive\n" or (
+        blocked.exit_code == 127 and "resources.pids" in blocked.stderr
+    ), blocked
+    assert sbx.commands.kill(holder.pid) is True
+    # Right after the kill answers (no waiting for the host to see them gone): its
+    # processes are reaped, so the limit has room again.
+    assert sbx.commands.run("echo alive").stdout == "alive\n"
+    waiter.join(WAIT)

@@ -382,6 +382,8 @@ class Background:
         kill_group(tracked.pid)
         # Answer once it is reaped: a list() right after must not show it.
         tracked.finished.wait(KILL_WAIT)
+        # And once its group's zombies are: they hold the pids limit until then.
+        self.host.processes.drain_group(tracked.pid)
         self.host.reply(request["id"], True)
 
     def stdin(self, request: Dict[str, Any]) -> None:

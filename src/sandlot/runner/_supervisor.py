@@ -24,20 +24,23 @@ the process table (kernels, commands, strays), ``_files`` does ``files.*``.
 from __future__ import annotations
 
 import base64
+import codecs
 import contextlib
 import ctypes
 import functools
 import json
 import os
 import queue
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from sandlot.protocol import (
     CHUNK_BYTES,
@@ -53,13 +56,16 @@ from sandlot.protocol import (
 from sandlot.protocol.layout import HOME, LIB_GUEST, TEMPLATE_SHARE
 from sandlot.runner import BOOTSTRAP, _limits
 from sandlot.runner._background import Background
-from sandlot.runner._contexts import Deadlines, KernelProcess, OutputBudget, pump
+from sandlot.runner._contexts import Deadlines, KernelProcess, OutputBudget
 from sandlot.runner._files import Files, FilesError
 from sandlot.runner._processes import Processes
 from sandlot.runner._watch import Watches
 
 BATCH_BYTES = 64 * 1024
 """A batch of messages (:meth:`Supervisor.batched`) is written out once this big."""
+PIPE_GRACE = 0.5
+"""Seconds a command's pipes may stay open after it exits (held by a daemonised
+grandchild) before its exit is reported without them."""
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 
@@ -350,27 +356,21 @@ class Supervisor:
                 stderr=subprocess.PIPE,
             )
         except OSError as exc:
-            budget.text("stderr", "sandlot: could not start the command: %s\n" % _os_message(exc))
+            reason = _os_message(exc)
+            if isinstance(exc, BlockingIOError):  # EAGAIN from fork: no process to be had
+                reason = (
+                    "the sandbox's process limit (resources.pids) is used up; kill "
+                    "processes (or restart the context that started them) and retry"
+                )
+            budget.text("stderr", "sandlot: could not start the command: %s\n" % reason)
             self.send({"type": "exit", "id": rid, "status": "error", "exit_code": 127})
             return
-        assert proc.stdout is not None and proc.stderr is not None
-        pumps = [
-            threading.Thread(target=pump, args=(proc.stdout, budget, "stdout"), daemon=True),
-            threading.Thread(target=pump, args=(proc.stderr, budget, "stderr"), daemon=True),
-        ]
-        for thread in pumps:
-            thread.start()
-        status = "ok"
         try:
-            code = proc.wait(timeout=float(request["timeout"]))
-        except subprocess.TimeoutExpired:
-            self.processes.kill_tree(proc.pid, include_root=True)
-            proc.wait()
-            code = -1
-            status = "timeout"
-        # Pipes can stay open in a daemonised grandchild; never wait on them for long.
-        for thread in pumps:
-            thread.join(timeout=0.5)
+            code, status = self.collect(proc, budget, float(request["timeout"]))
+        finally:
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
         self.processes.forget(proc.pid)
         if status == "ok" and code != 0:
             status = "error"
@@ -378,6 +378,71 @@ class Supervisor:
         if budget.truncated:
             message["truncated"] = True
         self.send(message)
+
+    def collect(
+        self, proc: "subprocess.Popen[bytes]", budget: OutputBudget, timeout: float
+    ) -> Tuple[int, str]:
+        """Forward a command's stdout and stderr until it exits; (exit code, status).
+
+        Read here, on the request's own thread, not by pump threads: with the pids
+        limit used up (a fork bomb, or one just killed whose zombies still count) a
+        thread may fail to start after the command did, and its output would be lost;
+        and a pump thread starved past its join left the output behind the exit event.
+        What the command wrote before it exited is in its pipes, so it is read before
+        the exit is sent. A daemonised grandchild that keeps the pipes open gets
+        :data:`PIPE_GRACE` seconds after the command exits, as before."""
+        assert proc.stdout is not None and proc.stderr is not None
+        kinds = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
+        decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in kinds}
+        poller = select.poll()  # not select(): descriptors may be past its 1024
+        for fd in kinds:
+            poller.register(fd, select.POLLIN)
+        pidfd = _pidfd(proc.pid)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        code: Optional[int] = None
+        status = "ok"
+        ended = 0.0
+        try:
+            while kinds:
+                now = time.monotonic()
+                if code is None:
+                    code = proc.poll()
+                    ended = now
+                if code is None and now >= deadline:
+                    self.processes.kill_tree(proc.pid, include_root=True)
+                    proc.wait()
+                    code, status, ended = -1, "timeout", now
+                if code is None:
+                    # Without a pidfd (old kernel or Python), look at the process often.
+                    wait = deadline - now if pidfd is not None else min(deadline - now, 0.05)
+                else:
+                    wait = ended + PIPE_GRACE - now
+                    if wait <= 0:
+                        break  # a grandchild holds the pipes open
+                for fd, _ in poller.poll(int(min(wait, 3600.0) * 1000) + 1):  # a C int
+                    if fd == pidfd:
+                        poller.unregister(fd)  # exited: proc.poll() reaps it next
+                        continue
+                    data = os.read(fd, 65536)
+                    text = decoders[fd].decode(data, final=not data)
+                    if text:
+                        budget.text(kinds[fd], text)
+                    if not data:
+                        poller.unregister(fd)
+                        del kinds[fd]
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+        if code is None:  # both pipes closed, the command still runs
+            try:
+                code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.processes.kill_tree(proc.pid, include_root=True)
+                proc.wait()
+                code, status = -1, "timeout"
+        return code, status
 
     # --- background processes and terminals (_background.py) ---------------------------
     def on_process_start(self, request: Dict[str, Any]) -> None:
@@ -498,6 +563,19 @@ class Workers:
                     except queue.Empty:
                         self.idle -= 1
                         return
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    """A descriptor that becomes readable when ``pid`` exits, or None where the
+    kernel or the template's Python has no ``pidfd_open``."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        fd: int = opener(pid)
+    except OSError:
+        return None
+    return fd
 
 
 def _os_message(exc: OSError) -> str:
