@@ -354,8 +354,6 @@ def test_a_command_with_the_pids_limit_used_up_says_so_and_runs_once_freed(
     make_sandbox: Callable[..., Sandbox],
 ) -> None:
     sbx = make_sandbox(resources={"pids": 64})
-    if _gvisor(sbx):
-        pytest.skip(HOST_INVISIBLE)
     holder = sbx.commands.run(f"exec python3 -c '{PIDS_HOLDER}'", background=True)
     spread = threading.Event()
 
