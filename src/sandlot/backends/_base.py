@@ -30,6 +30,7 @@ backend implements only what its technology leaves behind.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -221,3 +222,15 @@ def construct(cls: type[Backend], egress: EgressProxy | None) -> Backend:
     factory: Any = cls  # every built-in backend takes ``egress=``; the ABC does not say so
     backend: Backend = factory() if egress is None else factory(egress=egress)
     return backend
+
+
+def owner_alive(pid: int) -> bool:
+    """Whether the process ``pid`` (the host process that owns some sandbox, for
+    :meth:`Backend.cleanup_orphans`) still exists; one of another user counts."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

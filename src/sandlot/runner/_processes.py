@@ -15,12 +15,12 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 
-def process_table() -> Dict[int, int]:
-    """pid -> ppid for every process this pid namespace shows."""
-    table: Dict[int, int] = {}
+def _stats() -> Iterator[Tuple[int, List[bytes]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every process this
+    pid namespace shows (zombies included); gone ones are skipped."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -30,27 +30,17 @@ def process_table() -> Dict[int, int]:
         except OSError:
             continue
         # The command name may hold spaces and parentheses; fields follow the last ')'.
-        fields = data[data.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            table[int(name)] = int(fields[1])
-    return table
+        yield int(name), data[data.rfind(b")") + 2 :].split()
+
+
+def process_table() -> Dict[int, int]:
+    """pid -> ppid for every process this pid namespace shows."""
+    return {pid: int(fields[1]) for pid, fields in _stats() if len(fields) > 1}
 
 
 def group_members(pgid: int) -> List[int]:
     """Every process (zombies included) in process group ``pgid``."""
-    found: List[int] = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as handle:
-                data = handle.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            found.append(int(name))
-    return found
+    return [pid for pid, fields in _stats() if len(fields) > 2 and int(fields[2]) == pgid]
 
 
 def descendants(root: int, table: Dict[int, int]) -> List[int]:

@@ -46,7 +46,7 @@ from sandlot._exceptions import (
 )
 from sandlot._models import NetworkEvent, ResourceUsage
 from sandlot.backends import _hostids
-from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle
+from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle, owner_alive
 from sandlot.backends._channel import ChannelHandle
 from sandlot.backends.docker import _accounts
 from sandlot.backends.docker._compile import (
@@ -531,23 +531,13 @@ def _remove_orphans(kind: EngineKind) -> list[str]:
         owner = str(labels.get(LABEL_OWNER, ""))
         owner_host, _, pid = owner.rpartition(":")
         running = container.get("State") == "running"
-        if owner_host == host and pid.isdigit() and _alive(int(pid)):
+        if owner_host == host and pid.isdigit() and owner_alive(int(pid)):
             continue
         if owner_host != host and running:
             continue
         engine.kill_and_remove(str(container["Id"]))
         removed.append(f"{kind.name} container {str(container['Id'])[:12]}")
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _say(line: str) -> None:

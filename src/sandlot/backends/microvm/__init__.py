@@ -46,7 +46,7 @@ from sandlot._exceptions import (
     SandboxStartError,
 )
 from sandlot.backends import _hostids
-from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle
+from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle, owner_alive
 from sandlot.backends._channel import ChannelHandle
 from sandlot.backends._runner_config import runner_config
 from sandlot.backends.microvm._qemu import (
@@ -189,7 +189,7 @@ class MicroVMBackend(Backend):
     def cleanup_orphans(cls) -> list[str]:
         removed = []
         for pid, owner, vm in _sandlot_vms():
-            if not _alive(owner):
+            if not owner_alive(owner):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
                     removed.append(f"microvm {vm} (pid {pid})")
@@ -395,16 +395,6 @@ def _sandlot_vms() -> list[tuple[int, int, str]]:
                     found.append((int(entry.name), int(parts[1]), parts[2]))
                 break
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _start_time(pid: int) -> str:
