@@ -574,3 +574,45 @@ def test_multipart_uploads_are_bounded_in_parts_and_names(
         json={"path": "."},
     )
     assert '"f0"' not in listed.text and "nnnn" not in listed.text
+
+
+def test_malformed_execute_calls_answer_in_e2bs_shape(
+    attack: Attack, victim: tuple[str, str]
+) -> None:
+    """``/execute`` is served on a short path (no routing, no dependency solving); a
+    call that is not well formed must still get the plane's typed answer, never a 500
+    or a cell that runs."""
+    victim_id, token = victim
+    sent = {"X-Access-Token": token, "E2b-Sandbox-Port": "49999"}
+    as_json = {**sent, "Content-Type": "application/json"}
+    cases: list[tuple[dict[str, str], bytes | Iterator[bytes], int]] = [
+        (as_json, b"print('ran')", 400),  # not JSON
+        (as_json, b'{"code": 1}', 400),  # code is not text
+        (as_json, b'{"code": "print(\'ran\')", "bogus": 1}', 400),
+        (as_json, b'{"code": "print(\'ran\')", "language": "r"}', 400),
+        (as_json, b'{"code": "print(\'ran\')", "timeout": 1e400}', 400),
+        (as_json, b'{"code": "print(\'ran\')", "env_vars": {"A": 1}}', 400),
+        # Over the body limit, announced and not: refused before a cell exists.
+        (as_json, b'{"code": "' + b"#" * (9 * 1024 * 1024) + b'"}', 413),
+        (as_json, iter([b'{"code": "', *[b"#" * (1024 * 1024)] * 9, b'"}']), 413),
+    ]
+    for headers, body, status in cases:
+        got = attack.plane("POST", "/execute", victim_id, headers=headers, content=body)
+        shown = body[:60] if isinstance(body, bytes) else "a chunked body"
+        assert got.status_code == status, (shown, got.status_code, got.text[:300])
+        assert got.json()["message"], (shown, got.text[:300])
+    # Plain text is not a JSON call: the plane's own answer (a 400), not the short path's.
+    got = attack.plane(
+        "POST",
+        "/execute",
+        victim_id,
+        headers={**sent, "Content-Type": "text/plain"},
+        content=b'{"code": "print(\'ran\')"}',
+    )
+    assert got.status_code < 500, got.text
+    ran = attack.plane(
+        "POST", "/execute", victim_id, headers=as_json, content=b'{"code": "print(\'ran\')"}'
+    )
+    assert ran.status_code == 200
+    printed = [json.loads(line) for line in ran.text.splitlines()]
+    assert [m["text"] for m in printed if m["type"] == "stdout"] == ["ran\n"], printed

@@ -120,3 +120,38 @@ def test_a_last_message_ends_the_stream_with_it() -> None:
         return [chunk async for chunk in response.body_iterator]  # type: ignore[misc]
 
     assert asyncio.run(main()) == [b'{"type": "end_of_execution"}\n']
+
+
+def test_messages_pushed_while_the_loop_is_busy_wake_it_once() -> None:
+    """Each wake-up of the event loop from the cell's thread costs a self-pipe write
+    and a GIL handover: what is pushed before the loop gets round to it travels in one."""
+    pushed = threading.Event()
+
+    def work(push: Push) -> None:
+        for n in range(5):
+            push({"type": "stdout", "text": str(n)})
+        push({"type": "end_of_execution"}, last=True)
+        pushed.set()
+
+    async def main() -> tuple[int, list[bytes]]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: object, **kwargs: object) -> object:
+            nonlocal wakeups
+            wakeups += 1
+            return call_soon_threadsafe(*args, **kwargs)  # type: ignore[arg-type]
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
+        with ThreadPoolExecutor(1) as pool:
+            response = EagerNdjson(work, pool, lambda: None)
+            assert pushed.wait(10)  # blocks the loop while every message is pushed
+            chunks = [chunk async for chunk in response.body_iterator]  # type: ignore[misc]
+        return wakeups, chunks
+
+    wakeups, chunks = asyncio.run(main())
+    lines = [json.loads(line) for line in b"".join(chunks).splitlines()]
+    assert [m.get("text") for m in lines] == ["0", "1", "2", "3", "4", None]
+    # One for the messages, one for the worker's future completing.
+    assert wakeups <= 2, wakeups

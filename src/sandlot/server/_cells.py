@@ -315,6 +315,14 @@ class EagerNdjson(StreamingResponse):
         finally:
             self._unread()
 
+    async def send_to(self, send: Send) -> None:
+        """Send the response, listening for nothing: for a caller that watches for the
+        client's disconnect itself and cancels this when it comes."""
+        try:
+            await self.stream_response(send)
+        finally:
+            self._unread()
+
 
 def _ndjson(
     work: Callable[[Push], None],
@@ -334,14 +342,33 @@ def _ndjson(
     gone = False  # the client left: drop everything
     cut = False  # the client was too slow: drop everything after the notice
 
-    def put(items: tuple[bytes | None, ...]) -> None:
+    # Messages on their way to the loop. One wake-up of the loop carries all that
+    # gathered meanwhile: each wake-up is a write to the loop's self-pipe and a handover
+    # of the GIL, about as dear as a message (a cell's last two, the execution count and
+    # its end, often travel together).
+    pending: list[bytes | None] = []
+    scheduled = False
+    handover = threading.Lock()
+
+    def put() -> None:
+        nonlocal scheduled
+        with handover:
+            items = pending.copy()
+            pending.clear()
+            scheduled = False
         for item in items:
             queue.put_nowait(item)
 
     def deliver(*items: bytes | None) -> None:
+        nonlocal scheduled
+        with handover:
+            pending.extend(items)
+            if scheduled:
+                return
+            scheduled = True
         # RuntimeError: the event loop is gone (server stopped); nobody is listening.
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(put, items)
+            loop.call_soon_threadsafe(put)
 
     def push(item: dict[str, Any] | None, /, *, last: bool = False) -> None:
         nonlocal waiting, cut

@@ -337,7 +337,7 @@ async def execute(
     body: Execute,
     default_timeout: float = DEFAULT_CELL_TIMEOUT,
     adapt_result: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> StreamingResponse:
+) -> EagerNdjson:
     """Validate, then stream the cell. Shared by the native and the E2B routes."""
     # The same checks run_code makes, made before the 200 is sent so that they can
     # still be a 400.
