@@ -221,6 +221,20 @@ def test_oversized_uploads_and_bodies_get_413(api: Api, alice: httpx.Client) -> 
         response = alice.post(f"/v1/sandboxes/{sandbox_id}/execute", json=huge_code)
         assert response.status_code == 413
         assert _error_of(response)["type"] == "InvalidArgumentError"
+
+        def chunked_cell() -> Iterator[bytes]:  # the same, not announced
+            yield b'{"code": "'
+            for _ in range(9):
+                yield b"#" * (1024 * 1024)
+            yield b'"}'
+
+        response = alice.post(
+            f"/v1/sandboxes/{sandbox_id}/execute",
+            content=chunked_cell(),
+            headers={"content-type": "application/json"},
+        )
+        assert response.status_code == 413, response.text
+        assert _error_of(response)["type"] == "InvalidArgumentError"
         # Nothing was written, and the sandbox still works.
         assert alice.get(f"/v1/sandboxes/{sandbox_id}/files?path=big.bin").status_code == 404
         assert _run(alice, sandbox_id, "1 + 1")[0]["text"] == "2"

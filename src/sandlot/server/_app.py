@@ -25,6 +25,7 @@ from sandlot.server._manager import ApiError, SandboxManager
 from sandlot.server._metrics import Metrics
 from sandlot.server._routes import router
 from sandlot.server._settings import ServerSettings
+from sandlot.server._shortcut import ExecuteShortcut
 from sandlot.server._state import ServerState, authenticate, state_of
 from sandlot.server._store import Principal, Store
 
@@ -219,6 +220,8 @@ def create_app(settings: ServerSettings | None = None, *, recover: bool = True) 
     # (inside BodyLimit, which therefore bounds their bodies too).
     registry = WireRegistry()
     app.state.e2b_wire = registry
+    # The cell call on a short path (inside E2bWire: it sees no request for E2B's wire).
+    app.add_middleware(ExecuteShortcut, state=state, send_json=_send_json)
     app.add_middleware(
         E2bWire,
         state=state,

@@ -27,9 +27,7 @@ services, authenticated by API key as the rest of ``/e2b``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import contextvars
 import dataclasses
 import hashlib
@@ -47,7 +45,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandlot import InvalidArgumentError, SandlotError
 from sandlot.server._e2b import DEBUG_SANDBOX_ID, e2b_result
@@ -71,6 +69,7 @@ from sandlot.server._routes import (
     upload,
     upload_metadata,
 )
+from sandlot.server._shortcut import posts_json, short_execute, until_disconnect
 from sandlot.server._state import ServerState, api_key_of, principal_for
 from sandlot.server._store import Principal
 
@@ -328,9 +327,22 @@ class E2bWire:
                 return
             scope = {**scope, "path": path, "raw_path": path.encode(), "root_path": ""}
             if connect is not None:
-                await _until_disconnect(connect, scope, receive, send)
-            elif path == "/execute" and isinstance(target, Target) and _posts_json(scope):
-                await _execute(target, app, scope, receive, send)
+                await until_disconnect(connect, scope, receive, send)
+            elif path == "/execute" and isinstance(target, Target) and posts_json(scope):
+                await short_execute(
+                    target.state,
+                    target.principal,
+                    target.entry,
+                    app,
+                    scope,
+                    receive,
+                    send,
+                    error=lambda exc: (exc.status, {"code": exc.status, "message": exc.message}),
+                    send_json=_send_json,
+                    default_timeout=target.state.settings.e2b_cell_timeout,
+                    adapt_result=e2b_result,
+                    wrap=lambda chunks: _cut_if_killed(target.state, target.entry, chunks),
+                )
             else:
                 await app(scope, receive, send)
         except SandboxKilledError as exc:
@@ -341,106 +353,6 @@ class E2bWire:
             _TARGET.reset(token)
             if entry is not None:
                 self.state.manager.release(entry)
-
-
-def _posts_json(scope: Scope) -> bool:
-    return scope["method"] == "POST" and any(
-        name == b"content-type" and value.split(b";")[0].strip().lower() == b"application/json"
-        for name, value in scope.get("headers", ())
-    )
-
-
-async def _execute(
-    target: Target, plane: ASGIApp, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """``POST /execute``, the call an E2B program makes most, without the plane app's
-    routing and dependency solving (about a third of a cell's time on the server at
-    ``1+1``). Only the well-formed call takes this path: a body that does not validate
-    or a cell ``execute`` refuses goes to the plane app, whose checks are the same and
-    whose answers are in E2B's error shape."""
-    chunks: list[bytes] = []
-    while True:
-        try:
-            message = await receive()
-        except ApiError as exc:  # the body is over the server's limit (BodyLimit)
-            await _send_json(send, exc.status, {"code": exc.status, "message": exc.message})
-            return
-        if message["type"] != "http.request":
-            return  # the client left before its body arrived
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
-    state = target.state
-    try:
-        cell = Execute.model_validate_json(body)
-        response = await execute(
-            state, target.principal, target.entry, cell, state.settings.e2b_cell_timeout, e2b_result
-        )
-    except Exception:  # answered by the plane app, which raises it again
-        await plane(scope, _replay(body, receive), send)
-        return
-    response.body_iterator = _cut_if_killed(state, target.entry, response.body_iterator)
-
-    async def respond(scope: Scope, receive: Receive, send: Send) -> None:
-        await response.send_to(send)
-
-    await _until_disconnect(respond, scope, receive, send, body_read=True)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """``receive`` for an app that reads a body already read: that body, then the
-    connection's own messages (a disconnect)."""
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
-
-
-async def _until_disconnect(
-    app: ASGIApp, scope: Scope, receive: Receive, send: Send, *, body_read: bool = False
-) -> None:
-    """Run a Connect call, cancelled if its client disconnects.
-
-    The Connect app reads the request and then only writes: a silent streaming call
-    (``Process.Start`` of a quiet command) would never notice its client is gone, and
-    would hold the sandbox's lease (out of the idle reaper's reach) and a server thread
-    until the command or the sandbox's life ended. Once the body is read, this listens
-    for ``http.disconnect`` as Starlette's streaming responses do (at once with
-    ``body_read``: the caller has read it)."""
-    read = asyncio.Event()
-    if body_read:
-        read.set()
-
-    async def tracked() -> Message:
-        message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            read.set()
-        return message
-
-    async def disconnected() -> None:
-        await read.wait()
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    call = asyncio.ensure_future(app(scope, tracked, send))
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait((call, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not call.done():
-            call.cancel()  # the client left (or this request is being cancelled)
-        with contextlib.suppress(asyncio.CancelledError):
-            await call
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
 
 
 def _connect_suffix(path: str) -> str:
