@@ -25,7 +25,7 @@ from sandlot import (
     SandboxClosed,
 )
 from sandlot.policy import SandboxSpec
-from sandlot.pool import DATA_STACK
+from sandlot.pool import DATA_STACK, REFILL_DELAY
 from sandlot.testing import FakeBackend, FakeHandle, echo_handler
 
 
@@ -324,3 +324,26 @@ def test_starts_defaults_to_the_cpus_and_is_checked() -> None:
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(InvalidArgumentError, match="starts"):
             Pool(starts=bad)  # type: ignore[arg-type]
+
+
+def test_the_refill_behind_a_hit_waits_for_the_callers_first_cells(
+    pool: Pool, backend: FakeBackend
+) -> None:
+    """A start is tens of milliseconds of CPU: begun at once it would compete with the
+    cells the caller runs first. A lower bound only: a loaded host may start it later."""
+    with Sandbox(backend=backend, pool=pool):  # a miss: the pool fills at once
+        pass
+    _filled(pool, 2)
+    starts: list[float] = []
+    start = backend.start
+
+    def timed(spec: SandboxSpec) -> FakeHandle:
+        starts.append(time.monotonic())
+        return start(spec)
+
+    backend.start = timed  # type: ignore[method-assign]
+    hit = time.monotonic()
+    with Sandbox(backend=backend, pool=pool):
+        pass
+    _filled(pool, 2)
+    assert len(starts) == 1 and starts[0] - hit >= REFILL_DELAY, (starts, hit)
