@@ -11,7 +11,11 @@ Rows (each p50 / p95 / p99 over ``--runs`` runs, after one warm-up):
   (``E2B_API_URL``/``E2B_SANDBOX_URL`` at the server), ``Sandbox.create()`` -> first
   ``run_code`` result, when the package is installed and the server speaks E2B's wire;
 * ``1+1`` round trip: plain ``eval`` in this process (the floor), the local SDK, the
-  remote SDK over loopback, and the E2B client.
+  remote SDK over loopback, and the E2B client;
+* ``HTTP floor``: the same client calls against a bare ASGI app on uvicorn that answers
+  ``/execute`` with a canned two-line NDJSON body at once (no sandbox, no server work):
+  what HTTP on loopback costs by itself, the part of a cell's overhead no server
+  change removes.
 
 Each timed create waits first until the server's pool has a ready sandbox again (its
 refill rate is not what these rows measure); its span ends after the sandbox's kill. Run::
@@ -33,6 +37,7 @@ import datetime
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -188,6 +193,7 @@ def main() -> int:
                     _row("remote SDK: `1+1`", _time(lambda: sbx.run_code("1+1"), args.runs * 10))
                 )
             rows.extend(_e2b_rows(url, key, ready, args.runs))
+            rows.extend(_floor_rows(url, key, args.runs))
         with _server(Path(tmp) / "cold", "--pool-size", "0") as (url, key, _):
 
             def cold_create() -> None:
@@ -248,6 +254,8 @@ def _overheads() -> list[str]:
         ("e2b client: `1+1`", "local SDK: `1+1`"),
         ("remote pool: create -> first result", "local pool: create -> first result"),
         ("e2b client: create -> first result", "local pool: create -> first result"),
+        ("HTTP floor: httpx, POST /execute", "plain python: `eval('1+1')`"),
+        ("HTTP floor: e2b client, `1+1`", "plain python: `eval('1+1')`"),
     ]
     lines = []
     for row, local in pairs:
@@ -284,6 +292,70 @@ def _e2b_rows(url: str, key: str, ready: Callable[[], None], runs: int) -> list[
     finally:
         sbx.kill()
     return rows
+
+
+_BARE_APP = """
+import sys, uvicorn
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/x-ndjson")]})
+    await send({"type": "http.response.body", "more_body": True,
+                "body": b'{"type": "result", "text": "2", "is_main_result": true}\\n'})
+    await send({"type": "http.response.body",
+                "body": b'{"type": "number_of_executions", "execution_count": 1}\\n'})
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+def _floor_rows(url: str, key: str, runs: int) -> list[str]:
+    """httpx and the E2B client against a bare ASGI app (see the module docstring)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bare = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-c", _BARE_APP, str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.post(f"{bare}/execute", json={})
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    return [_row("HTTP floor (the bare app did not start)", [])]
+                time.sleep(0.05)
+        rows = []
+        with httpx.Client() as client:
+
+            def raw() -> None:
+                with client.stream("POST", f"{bare}/execute", json={"code": "1+1"}) as response:
+                    for _ in response.iter_lines():
+                        pass
+
+            rows.append(_row("HTTP floor: httpx, POST /execute", _time(raw, runs * 10)))
+        try:
+            from e2b_code_interpreter import Sandbox as E2BSandbox
+        except ImportError:
+            return rows
+        # Created on the server (its control plane), then every call for the sandbox
+        # goes to the bare app.
+        sbx = E2BSandbox.create(api_key=key, api_url=url, sandbox_url=bare)
+        try:
+            rows.append(
+                _row("HTTP floor: e2b client, `1+1`", _time(lambda: sbx.run_code("1+1"), runs * 10))
+            )
+        finally:
+            E2BSandbox.kill(sbx.sandbox_id, api_key=key, api_url=url)
+        return rows
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 if __name__ == "__main__":
