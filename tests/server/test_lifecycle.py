@@ -110,8 +110,15 @@ def _crash_and_restart(server: ServerProcess) -> None:
     _eventually(lambda: not _processes_with(marker), "the sandbox's processes to die")
     assert not os.path.exists(f"/proc/{server_pid}")
 
+    # What the dead server left in its upload spool goes; what it did not put there
+    # (a directory, another program's file) stays, and does not stop the start.
+    spool = server.state_dir / "spool"
+    (spool / "upload-abc123").write_bytes(b"half an upload")
+    (spool / "a-directory").mkdir()
+    (spool / "notes.txt").write_text("an operator's file")
     server.start()  # same state directory: recovery runs
     assert "recovered from an unclean shutdown" in server.log()
+    assert sorted(p.name for p in spool.iterdir()) == ["a-directory", "notes.txt"]
     # The dead server's cgroups are gone (swept by the restarted server, or by any
     # other sandlot process that started first: either way, nothing is left).
     assert not _cgroups_of(server_pid)

@@ -154,9 +154,12 @@ class SandboxManager:
         spooled = 0
         spool = self.settings.spool_dir
         if spool.is_dir():
-            for leftover in spool.iterdir():
-                leftover.unlink(missing_ok=True)
-                spooled += 1
+            # Only the server's own upload files (see _routes' spooled uploads): anything
+            # else there is not this server's to delete, and a directory cannot be unlinked.
+            for leftover in spool.glob("upload-*"):
+                if leftover.is_symlink() or not leftover.is_dir():
+                    leftover.unlink(missing_ok=True)
+                    spooled += 1
         spool.mkdir(parents=True, exist_ok=True)
         report: dict[str, Any] = {
             "sandboxes_closed": boxes,
