@@ -10,6 +10,7 @@
 #     ray[default] (the dashboard agent KubeRay's probes ask), first on PATH
 #   * the python-data template built into /var/cache/sandlot (sandlot's cache for root)
 #   * host ids 100000-165535 delegated to root (/etc/subuid, /etc/subgid): one per sandbox
+#   * /usr/local/bin/sandlot-node-prepare (deploy/node/): the cgroup set-up before `ray start`
 # then imported into the engine (`docker import` / `podman import`) with its config.
 # The package downloads go through the host's uv cache, so a rebuild after a change to
 # sandlot's source reinstalls from that cache, not the network.
@@ -59,7 +60,8 @@ tarball="$DOCKER_CACHE/base-bookworm-$base_key.tar"
 source_key=$(git ls-files -co --exclude-standard -z src pyproject.toml | LC_ALL=C sort -z \
   | xargs -0 sha256sum | sha256sum | cut -c1-12)
 key=$(printf '%s %s %s %s %s' "$base_key" "$NODE_PACKAGES" "$RAY_VERSION" "$source_key" \
-  "$(sha256sum scripts/build-node-image.sh | cut -c1-12)" | sha256sum | cut -c1-12)
+  "$(cat scripts/build-node-image.sh deploy/node/sandlot-node-prepare | sha256sum | cut -c1-12)" \
+  | sha256sum | cut -c1-12)
 have=$("$ENGINE" image inspect --format '{{index .Config.Labels "org.sandlot.node-key"}}' "$TAG" 2>/dev/null || true)
 if [[ "$have" == "$key" && "$FORCE" -eq 0 ]]; then
   log "$TAG is current (key $key)"
@@ -96,6 +98,7 @@ CA_FILE="${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}"
 cp "$CA_FILE" "$root/sandlot-build/ca.crt"
 cp "$work/wheel/$wheel" "$root/sandlot-build/wheel/"
 cp "$UV" "$root/sandlot-build/uv"
+install -m 0755 deploy/node/sandlot-node-prepare "$root/usr/local/bin/sandlot-node-prepare"
 cat >"$root/sandlot-build/build.sh" <<EOF
 set -eu
 export DEBIAN_FRONTEND=noninteractive UV_CACHE_DIR=/sandlot-build/uv-cache UV_LINK_MODE=copy

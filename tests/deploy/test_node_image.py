@@ -47,6 +47,8 @@ INSIDE = r"""
 set -e
 echo "RAY_VERSION $(ray --version)"
 echo "DOCTOR $(sandlot doctor --json | tr -d '\n')"
+# What the KubeRay manifests run: the image's preparation, then KubeRay's own `ray start`.
+sandlot-node-prepare
 ray start --head --disable-usage-stats --num-cpus=2 --dashboard-host=127.0.0.1 \
     >/tmp/ray-start.log 2>&1 || { cat /tmp/ray-start.log; exit 1; }
 python - <<'PY'
@@ -134,7 +136,8 @@ def test_control_without_privileges_sandlot_refuses(node_image: str) -> None:
     is refused with the fix, never run with less isolation."""
     ran = _run(
         node_image,
-        script='sandlot doctor --json | tr -d "\\n"; echo; echo "print(1)" | sandlot run -',
+        script='sandlot doctor --json | tr -d "\\n"; echo; echo "print(1)" | sandlot run -; '
+        "sandlot-node-prepare && echo PREPARED",
     )
     doctor = json.loads(ran.stdout.splitlines()[0])
     checks = _checks(doctor)
@@ -143,3 +146,6 @@ def test_control_without_privileges_sandlot_refuses(node_image: str) -> None:
     assert ran.returncode != 0
     assert "never runs code unsandboxed" in ran.stderr, ran.stderr[-2000:]
     assert "\n1\n" not in "\n" + ran.stdout
+    # The node's preparation stops the container before Ray starts, saying why.
+    assert "PREPARED" not in ran.stdout
+    assert "the container must be privileged" in ran.stderr, ran.stderr[-2000:]
