@@ -148,4 +148,4 @@ def test_control_without_privileges_sandlot_refuses(node_image: str) -> None:
     assert "\n1\n" not in "\n" + ran.stdout
     # The node's preparation stops the container before Ray starts, saying why.
     assert "PREPARED" not in ran.stdout
-    assert "the container must be privileged" in ran.stderr, ran.stderr[-2000:]
+    assert "a sandlot node needs a privileged container" in ran.stderr, ran.stderr[-2000:]
