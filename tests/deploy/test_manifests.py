@@ -129,7 +129,7 @@ def test_manifest_matches_its_schemas(doc: Doc) -> None:
 
 def test_every_manifest_is_checked() -> None:
     kinds = sorted(d["kind"] for d in _documents())
-    assert kinds == ["NetworkPolicy", "RayCluster", "Service"]
+    assert kinds == ["NetworkPolicy", "NetworkPolicy", "RayCluster", "Service"]
 
 
 # --- controls: each broken copy must be refused --------------------------------------
@@ -261,8 +261,13 @@ def test_front_door_is_what_the_service_reaches() -> None:
         "ray.io/node-type": "head",
     }
     assert service["spec"]["ports"][0]["targetPort"] == "http"
-    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
-    assert policy["spec"]["ingress"][1]["ports"] == [{"port": int(port), "protocol": "TCP"}]
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    # Only the head's front door port is open to clients; the rest to the cluster's pods.
+    door_policy = policies["sandlot-front-door"]
+    assert door_policy["podSelector"]["matchLabels"] == service["spec"]["selector"]
+    assert door_policy["ingress"] == [{"ports": [{"port": int(port), "protocol": "TCP"}]}]
+    cluster_policy = policies["sandlot-cluster"]
+    assert cluster_policy["ingress"] == [{"from": [{"podSelector": cluster_policy["podSelector"]}]}]
     # The front door's driver reaches the head's raylet through its session directory.
     mounts = {m["name"]: m["mountPath"] for m in door["volumeMounts"]}
     ray_mounts = {m["name"]: m["mountPath"] for m in head[0]["volumeMounts"]}
