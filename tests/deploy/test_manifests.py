@@ -23,11 +23,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+import kubernetes_validate
 import pytest
-
-jsonschema = pytest.importorskip("jsonschema")
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
-yaml = pytest.importorskip("yaml")
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kuberay"
