@@ -130,6 +130,9 @@ nice unshare --mount --fork sh -c '
 rm -rf "$root/sandlot-build"
 : >"$root/etc/resolv.conf"
 
+# The image the tag named until now goes once the new one has it (each is ~2.4 GB); one
+# that a container still uses stays, the engine refuses to remove it.
+old_id=$("$ENGINE" image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true)
 log "$ENGINE import as $TAG"
 tar -C "$root" --numeric-owner -c . | "$ENGINE" import \
   --change "LABEL org.sandlot.node-key=$key" \
@@ -139,4 +142,5 @@ tar -C "$root" --numeric-owner -c . | "$ENGINE" import \
   --change 'WORKDIR /root' \
   --change 'CMD ["/bin/bash"]' \
   - "$TAG" >/dev/null
+if [[ -n "$old_id" ]]; then "$ENGINE" image rm "$old_id" >/dev/null 2>&1 || true; fi
 echo "$TAG"

@@ -1,9 +1,10 @@
 """The sandlot node image (scripts/build-node-image.sh), built for real and run.
 
-One container plays a whole Ray cluster's head: it runs ``sandlot doctor``, starts Ray
-from the image's ``ray`` (KubeRay starts it the same way, from a login shell), puts a
-sandlot node actor on it and runs a batch whose programs run in bubblewrap sandboxes
-inside the container. The container gets the privileges the KubeRay manifests give a
+One container plays a whole Ray cluster's head: it runs ``sandlot doctor`` and
+``sandlot-node-prepare``, starts Ray from the image's ``ray`` (KubeRay starts it the same
+way, from a login shell), asks the endpoints KubeRay's health probes ask, puts a sandlot
+node actor on it and runs a batch whose programs run in bubblewrap sandboxes inside the
+container. The container gets the privileges the KubeRay manifests give a
 sandlot node (``privileged``, see docs/kubernetes.md); the control runs the same image
 without them and must see sandlot refuse, which is why a node needs them.
 
@@ -51,6 +52,18 @@ echo "DOCTOR $(sandlot doctor --json | tr -d '\n')"
 sandlot-node-prepare
 ray start --head --disable-usage-stats --num-cpus=2 --dashboard-host=127.0.0.1 \
     >/tmp/ray-start.log 2>&1 || { cat /tmp/ray-start.log; exit 1; }
+# KubeRay's health probes: for Ray >= 2.53 an HTTP GET of the dashboard agent on the pod's
+# address; older releases run wget against the agent and the dashboard. The agent comes up
+# beside the raylet, after `ray start` returns: asked until it answers, as KubeRay does.
+ip=$(hostname -i | cut -d' ' -f1)
+probe=down
+for _ in $(seq 1 120); do
+    if wget --tries 1 -T 2 -q -O /dev/null "http://$ip:52365/api/healthz"; then probe=up; break; fi
+    sleep 0.5
+done
+echo "PROBE $probe" \
+    "$(wget --tries 1 -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz)" \
+    "$(wget --tries 1 -T 2 -q -O- http://localhost:8265/api/gcs_healthz)"
 python - <<'PY'
 import json, ray
 from sandlot.ray import SandlotCluster, run_batch
@@ -116,6 +129,8 @@ def test_node_image_runs_sandboxes_as_a_ray_node(node_image: str) -> None:
     )
     assert wanted is not None
     assert _tagged(output, "RAY_VERSION").strip() == f"ray, version {wanted.group(1)}"
+
+    assert _tagged(output, "PROBE") == "up success success"
 
     doctor = json.loads(_tagged(output, "DOCTOR"))
     checks = _checks(doctor)
