@@ -24,6 +24,7 @@ ALLOWED: dict[str, str] = {
     "README.md": "what sandlot is and how to use it",
     "SECURITY.md": "the threat model, per layer",
     "bench": "benchmarks and their results",
+    "deploy": "the node image's files and the Kubernetes (KubeRay) manifests",
     "docs": "protocol, egress, backend documents",
     "examples": "runnable examples",
     "pyproject.toml": "package metadata and tool configuration",
