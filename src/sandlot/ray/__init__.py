@@ -25,6 +25,7 @@ from sandlot.ray._batch import BatchProgress, run_batch
 from sandlot.ray._cluster import ClusterFiles, ClusterSandbox, NoCapacity, SandlotCluster
 from sandlot.ray._node import NodeInfo, SandlotNode
 from sandlot.ray._program import BatchExecution, Program
+from sandlot.ray._serve import NodeService, RayDirectory, serve_cluster
 
 __all__ = [
     "BatchExecution",
@@ -33,8 +34,11 @@ __all__ = [
     "ClusterSandbox",
     "NoCapacity",
     "NodeInfo",
+    "NodeService",
     "Program",
+    "RayDirectory",
     "SandlotCluster",
     "SandlotNode",
     "run_batch",
+    "serve_cluster",
 ]
