@@ -61,6 +61,10 @@ class NodeService:
             )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Inherited by each accepted connection: uvicorn sets TCP_NODELAY only on the
+        # sockets it binds itself, and without it every streamed answer's second write
+        # waits for the client's delayed ACK (40 ms per cell on Linux).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((ip, 0))
         sock.listen(2048)
         self.node = NodeRef(node_id, ip, f"http://{ip}:{sock.getsockname()[1]}", slots)
