@@ -271,6 +271,23 @@ def test_the_unmodified_e2b_client_works_through_the_cluster(door: Door) -> None
         assert door.node_of(sbx.sandbox_id)["ip"] in BASE
         listed = Sandbox.list(**opts).next_items()
         assert sbx.sandbox_id in {info.sandbox_id for info in listed}
+        # Lists fan out to every node and page as one list.
+        from e2b import SandboxQuery
+
+        run = {"run": "paging"}
+        more = [Sandbox.create(timeout=120, metadata=run, **opts) for _ in range(3)]
+        try:
+            pages = Sandbox.list(query=SandboxQuery(metadata=run), limit=2, **opts)
+            seen: list[str] = []
+            for _ in range(5):
+                if not pages.has_next:
+                    break
+                seen += [info.sandbox_id for info in pages.next_items()]
+            assert sorted(seen) == sorted(m.sandbox_id for m in more)
+            assert len({door.node_of(m.sandbox_id)["ip"] for m in more}) > 1
+        finally:
+            for m in more:
+                m.kill()
         again = Sandbox.connect(sbx.sandbox_id, **opts)
         assert again.run_code("x").text == "41"
     finally:

@@ -461,10 +461,10 @@ class FrontDoor:
     ) -> None:
         """Answer for a sandbox no node can serve: unknown, or lost with its node."""
         if surface == _Surface.PLANE:
-            # E2B's proxy wording, which the SDK reads as "sandbox gone"; the same for
-            # an unknown id and a lost one (a token cannot be checked any more).
-            why = "" if placement is None else f" (lost with its node {placement.node_ip})"
-            await _answer(send, *_e2b(502, f"The sandbox {sandbox_id} was not found{why}"))
+            # E2B's proxy wording, which the SDK reads as "sandbox gone"; the same,
+            # word for word, for an unknown id and a lost one: the token cannot be
+            # checked any more, so the caller may not learn that the id ever existed.
+            await _answer(send, *_e2b(502, f"The sandbox {sandbox_id} was not found"))
             return
         principal = await self._authenticated(scope)
         if placement is None or placement.tenant != principal.tenant:
