@@ -94,7 +94,7 @@ class Door:
         )
 
     def nodes(self) -> dict[str, dict[str, Any]]:
-        """``{node_id: entry}`` of ``GET /v1/cluster`` (which refreshes membership)."""
+        """``{node_id: entry}`` of ``GET /v1/cluster`` (as of the last membership check)."""
         answer = self.http.get("/v1/cluster")
         answer.raise_for_status()
         return {n["node_id"]: n for n in answer.json()["nodes"]}
@@ -238,6 +238,11 @@ def test_files_and_commands_go_to_the_sandbox_s_node(door: Door, sixty: list[Any
     assert [e.name for e in sbx.files.list("notes")] == ["a.txt"]
     assert sbx.commands.run("cat notes/a.txt").stdout == "alpha"
     assert sbx.run_code("open('notes/a.txt').read()").text == "'alpha'"
+    # A body larger than one read streams through the front door both ways.
+    blob = bytes(range(256)) * (12 * 1024)  # 3 MiB
+    sbx.files.write("blob.bin", blob)
+    assert sbx.files.read("blob.bin", format="bytes") == blob
+    assert sbx.run_code("import os; os.path.getsize('blob.bin')").text == str(len(blob))
 
 
 def test_quotas_hold_over_the_whole_cluster(door: Door) -> None:

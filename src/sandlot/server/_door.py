@@ -32,9 +32,11 @@ import json
 import logging
 import re
 import socket
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+import httpcore
 import httpx
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
@@ -55,6 +57,8 @@ _DEBUG_ID = re.compile(r"^/e2b/sandboxes/([^/]+)(/.*)?$")
 _HOP = frozenset(
     {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"date"}
 )
+_UPSTREAM_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException)
+"""What a call to a node that went away (or never answered) raises."""
 _HOP_OUT = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"})
 DEBUG_SANDBOX_ID = "debug"  # E2B's debug mode names no sandbox (sandlot.server._e2b)
 
@@ -114,13 +118,22 @@ class FrontDoor:
             # No read timeout: a cell's stream lasts as long as the cell, which the node
             # bounds; connecting to a node on the cluster's network is quick or nothing.
             timeout=httpx.Timeout(None, connect=5.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=512, keepalive_expiry=4.0
+            ),
             # A request's head and body go out as two writes: without TCP_NODELAY the
             # second waits for the node's delayed ACK (40 ms on Linux) on every call.
             transport=httpx.AsyncHTTPTransport(
                 socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
             ),
         )
+        self._pool = httpcore.AsyncConnectionPool(
+            max_connections=None,
+            max_keepalive_connections=512,
+            keepalive_expiry=4.0,  # under uvicorn's 5 s: never reuse one the node closed
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        )
+        self._hosts: dict[str, bytes] = {}
         self._refresher: asyncio.Task[None] | None = None
 
     # --- membership ---------------------------------------------------------------------
@@ -182,6 +195,7 @@ class FrontDoor:
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._refresher
                 await self._client.aclose()
+                await self._pool.aclose()
                 await asyncio.to_thread(self.store.close)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -519,36 +533,50 @@ class FrontDoor:
                 body_done.set()
 
             content = stream()
-        request = self._client.build_request(
-            scope["method"], node.url + _target(scope), headers=_headers_in(scope), content=content
+        # httpcore, not httpx, on this path: every routed call pays it, and httpx's
+        # request and response models cost more than the relay itself. Framing is
+        # h11's, from the headers: the client's own Content-Length or chunked body.
+        headers = _headers_in(scope)
+        headers.append((b"host", self._host(node.url)))
+        if isinstance(content, bytes):
+            headers = [(k, v) for k, v in headers if k != b"content-length"]
+            if content or scope["method"] not in ("GET", "HEAD", "DELETE"):
+                headers.append((b"content-length", str(len(content)).encode()))
+        elif not any(k == b"content-length" for k, _ in headers):
+            headers.append((b"transfer-encoding", b"chunked"))
+        request = httpcore.Request(
+            scope["method"].encode(),
+            (node.url + _target(scope)).encode("latin-1"),
+            headers=headers,
+            content=content,
         )
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self._pool.handle_async_request(request)
         except _ClientGone:
             return
-        except httpx.TransportError as exc:
+        except _UPSTREAM_ERRORS as exc:
             await self._unreachable(node, placement, surface, scope, send, exc)
             return
         try:
+            out = [(k.lower(), v) for k, v in response.headers if k.lower() not in _HOP_OUT]
             if placement is not None and surface == _Surface.NATIVE and _is_info(scope):
-                await response.aread()
-                content_out = response.content
-                if response.status_code == 200:
+                content_out = await response.aread()
+                if response.status == 200:
                     info = json.loads(content_out)
                     info["node"] = {"node_id": node.node_id, "ip": node.ip}
                     content_out = json.dumps(info).encode()
-                await _answer(send, response.status_code, content_out, _headers_out(response))
+                await _answer(send, response.status, content_out, out)
                 return
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": _headers_out(response),
-                }
-            )
+            await send({"type": "http.response.start", "status": response.status, "headers": out})
             await _until_disconnect(_pump(response, send), receive, body_done)
         finally:
             await response.aclose()
+
+    def _host(self, url: str) -> bytes:
+        host = self._hosts.get(url)
+        if host is None:
+            host = self._hosts[url] = urllib.parse.urlsplit(url).netloc.encode("latin-1")
+        return host
 
     async def _unreachable(
         self,
@@ -573,7 +601,8 @@ class FrontDoor:
     # --- the cluster, for operators and tests ------------------------------------------------
     async def _cluster(self, scope: Scope, send: Send) -> None:
         await self._authenticated(scope)
-        await self.refresh()
+        # As of the last membership check (every ``refresh`` seconds): a request never
+        # triggers one, so no client can turn its requests into load on the cluster.
         nodes = [
             {"node_id": n.node_id, "ip": n.ip, "slots": n.slots, "lost": False}
             for n in self._live()
@@ -651,11 +680,11 @@ async def _answer(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _pump(response: httpx.Response, send: Send) -> None:
+async def _pump(response: httpcore.Response, send: Send) -> None:
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in response.aiter_stream():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except httpx.TransportError as exc:
+    except _UPSTREAM_ERRORS as exc:
         # The node went away mid-answer: end the connection unfinished, so the client
         # sees a cut stream (a cell's "died"), not a complete answer.
         log.info("the stream from a node was cut: %s", exc)
