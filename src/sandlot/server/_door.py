@@ -435,9 +435,11 @@ class FrontDoor:
         headers: list[tuple[bytes, bytes]] = []
         if (rest or more) and page:
             last = page[-1]
-            # startedAt has microseconds, the node's cursor compares the full time:
-            # ascending, step past the last item's microsecond so it is not listed again.
-            moment = started(last) + (1e-6 if ascending else 0.0)
+            # startedAt is the start time rounded to the microsecond, and the nodes
+            # compare the exact one: step a microsecond past the last item (in the
+            # list's order) so that it is not listed again. (Two sandboxes started
+            # within a microsecond of each other do not happen: a start takes ms.)
+            moment = started(last) + (1e-6 if ascending else -1e-6)
             headers.append((b"x-next-token", _token((moment, str(last["sandboxID"]))).encode()))
         await _answer(send, 200, json.dumps(page).encode(), headers)
 
