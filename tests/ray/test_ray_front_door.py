@@ -202,7 +202,8 @@ def sixty(door: Door) -> Iterator[list[Any]]:
 
     def make(i: int) -> Any:
         sbx = door.sandbox(metadata={"n": str(i)})
-        assert sbx.run_code(f"x = {i}").error is None
+        execution = sbx.run_code(f"x = {i}")
+        assert execution.error is None, (i, execution.error)
         return sbx
 
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
@@ -225,8 +226,11 @@ def test_sixty_sandboxes_spread_over_every_node_and_keep_their_state(
         assert node["node_id"] == door.cluster.node_ids[node["ip"]]
     # State stays with each sandbox on its node.
     for i, sbx in enumerate(sixty):
-        assert sbx.run_code("x * 2").text == str(i * 2)
-    listed = door.http.get("/v1/sandboxes").json()
+        execution = sbx.run_code("x * 2")
+        assert execution.text == str(i * 2), (i, execution.error, execution.logs)
+    answer = door.http.get("/v1/sandboxes")
+    assert answer.status_code == 200, answer.text
+    listed = answer.json()
     assert {s.sandbox_id for s in sixty} <= {item["sandbox_id"] for item in listed}
     assert all(item["node"]["ip"] in BASE for item in listed)
 
@@ -356,7 +360,8 @@ def test_a_node_added_later_gets_new_sandboxes_and_its_loss_takes_only_its_own(
         e2b_doomed.run_code("1")
     # The others answer as before.
     for i, sbx in enumerate(sixty):
-        assert sbx.run_code("x").text == str(i)
+        execution = sbx.run_code("x")
+        assert execution.text == str(i), (i, execution.error)
     # The audit trail says what happened; the small tenant's quota is released.
     from sandlot.server import Store
 

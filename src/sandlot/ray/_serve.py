@@ -83,6 +83,10 @@ class NodeService:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
+            # Its clients are front doors, which drop an idle connection after 30 s
+            # (NODE_KEEPALIVE): the node must never close one first, or a call could
+            # be sent on a connection the node is closing.
+            timeout_keep_alive=90,
         )
         self._server = uvicorn.Server(config)
         self._manager = app.state.sandlot.manager
@@ -245,6 +249,9 @@ def serve_cluster(
             log_to_driver=False,
             _node_ip_address=node_ip,
         )
+    # httpx logs every request's URL at info level; the server's logs name sandboxes
+    # and tenants, never what a tenant put in a query string.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     directory = RayDirectory(settings, slots=slots)
     door = create_front_door(settings, directory)
     uvicorn.run(

@@ -60,6 +60,10 @@ _HOP = frozenset(
 _UPSTREAM_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException)
 """What a call to a node that went away (or never answered) raises."""
 _HOP_OUT = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"})
+NODE_KEEPALIVE = 30.0
+"""Seconds a front door keeps an idle connection to a node. Node servers keep theirs
+for 90 s (``sandlot.ray``): the front door always closes first, so it never sends a
+request on a connection the node is closing."""
 DEBUG_SANDBOX_ID = "debug"  # E2B's debug mode names no sandbox (sandlot.server._e2b)
 
 
@@ -119,7 +123,9 @@ class FrontDoor:
             # bounds; connecting to a node on the cluster's network is quick or nothing.
             timeout=httpx.Timeout(None, connect=5.0),
             limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=512, keepalive_expiry=4.0
+                max_connections=None,
+                max_keepalive_connections=512,
+                keepalive_expiry=NODE_KEEPALIVE,
             ),
             # A request's head and body go out as two writes: without TCP_NODELAY the
             # second waits for the node's delayed ACK (40 ms on Linux) on every call.
@@ -130,7 +136,7 @@ class FrontDoor:
         self._pool = httpcore.AsyncConnectionPool(
             max_connections=None,
             max_keepalive_connections=512,
-            keepalive_expiry=4.0,  # under uvicorn's 5 s: never reuse one the node closed
+            keepalive_expiry=NODE_KEEPALIVE,
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
         )
         self._hosts: dict[str, bytes] = {}
