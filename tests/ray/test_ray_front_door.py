@@ -358,6 +358,10 @@ def test_a_node_added_later_gets_new_sandboxes_and_its_loss_takes_only_its_own(
     assert not e2b_doomed.is_running()
     with pytest.raises(Exception, match="was not found"):
         e2b_doomed.run_code("1")
+    from e2b import SandboxNotFoundException
+
+    with pytest.raises(SandboxNotFoundException):
+        E2bSandbox.connect(e2b_doomed.sandbox_id, **opts)
     # The others answer as before.
     for i, sbx in enumerate(sixty):
         execution = sbx.run_code("x")
