@@ -14,15 +14,19 @@ the cluster sees a dead node in about two seconds instead of half a minute.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
+LOCK = Path(tempfile.gettempdir()) / "sandlot-ray-test-cluster.lock"
+"""Held while a LocalRayCluster is up: clusters on this host run one after another."""
 START_TIMEOUT = 120.0
 """Seconds a node may take to register (2 shared cores, several engineers)."""
 
@@ -99,6 +103,10 @@ class LocalRayCluster:
     """A head on 127.0.0.2 and nodes added on 127.0.0.3, .4, ... (``add_node``)."""
 
     def __init__(self, base: Path, *, cpus: int = 2) -> None:
+        # One cluster at a time on this host (its fixed addresses and ports), even when
+        # test modules run in parallel processes (pytest-xdist): wait for the lock.
+        self._lock = LOCK.open("a")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.base = base
         self.cpus = cpus
         self.nodes: list[RayNode] = []
@@ -167,5 +175,10 @@ class LocalRayCluster:
     def close(self) -> None:
         # Killed, not stopped gracefully: a throwaway cluster has nothing to save, and a
         # graceful stop spends ~10 s per node draining.
-        for node in reversed(self.nodes):
-            node.stop()
+        try:
+            for node in reversed(self.nodes):
+                node.stop()
+        finally:
+            if not self._lock.closed:  # close() may run twice (a failed start)
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+                self._lock.close()

@@ -137,6 +137,19 @@ def test_runner_and_protocol_import_only_the_standard_library(
     assert not offending, f"{package} must use only the standard library: {offending}"
 
 
+def test_only_sandlot_ray_imports_ray(graph: grimp.ImportGraph) -> None:
+    # Ray is an optional extra: the single-machine path (the SDK, the server, the CLI
+    # until `serve --ray` asks for it, lazily) must import without it.
+    offending = [
+        f"{importer} -> {imported}"
+        for importer in sorted(m for m in graph.modules if m.startswith("sandlot."))
+        if not (importer == "sandlot.ray" or importer.startswith("sandlot.ray."))
+        for imported in sorted(graph.find_modules_directly_imported_by(importer))
+        if imported == "ray" or imported.startswith("ray.")
+    ]
+    assert not offending, f"only sandlot.ray may import ray: {offending}"
+
+
 def _module_name(path: Path) -> str:
     parts = path.relative_to(SRC.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -216,6 +216,27 @@ _CEILING_HELP = (
     help="Map an E2B template name to a sandlot template for E2B's SDKs (added to, or "
     "replacing, the defaults base and code-interpreter-v1 -> python-data). Repeatable.",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    default=None,
+    help="Serve in front of the Ray cluster at ADDRESS (e.g. auto, or HOST:6379): a sandlot "
+    "server on every Ray node, this process places and routes (needs the ray extra and a "
+    "shared --database). See docs/ray.md.",
+)
+@click.option(
+    "--node-slots",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --ray: sandboxes each node holds at once (default: its CPU count).",
+)
+@click.option(
+    "--ray-node-ip",
+    default=None,
+    metavar="IP",
+    help="With --ray: this machine's address in the Ray cluster (default: Ray's guess).",
+)
 def serve(
     host: str,
     port: int,
@@ -245,6 +266,9 @@ def serve(
     max_cell_timeout: float,
     client_stall_timeout: float,
     e2b_templates: tuple[str, ...],
+    ray_address: str | None,
+    node_slots: int | None,
+    ray_node_ip: str | None,
 ) -> None:
     """Serve the sandbox API over HTTP (127.0.0.1 unless --host says otherwise)."""
     from sandlot import NetworkPolicy, PolicyError, Resources
@@ -316,8 +340,30 @@ def serve(
     logging.basicConfig(level=logging.INFO)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(_JsonLines())
+    if ray_address is not None:
+        _serve_ray(settings, ray_address, host, port, node_slots, ray_node_ip)
+        return
     click.echo(f"sandlot server on http://{host}:{port} (state: {settings.state_dir})", err=True)
     run_server(settings, host=host, port=port)
+
+
+def _serve_ray(
+    settings: Any, address: str, host: str, port: int, slots: int | None, node_ip: str | None
+) -> None:
+    """``sandlot serve --ray``: the front door (sandlot.ray, the ray extra)."""
+    from sandlot import InvalidArgumentError
+
+    try:
+        from sandlot.ray import serve_cluster
+    except ImportError as exc:
+        raise click.ClickException(
+            f"--ray needs the ray extra: pip install 'sandlot[ray]' ({exc})"
+        ) from exc
+    click.echo(f"sandlot front door on http://{host}:{port} (Ray: {address})", err=True)
+    try:
+        serve_cluster(settings, address, host=host, port=port, slots=slots, node_ip=node_ip)
+    except InvalidArgumentError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _read_hosts(path: Path) -> dict[str, list[str]]:

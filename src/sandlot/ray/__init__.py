@@ -18,13 +18,33 @@
             sbx.run_code("x + 1").text         # '2'
 
 Needs the ``ray`` extra (``pip install 'sandlot[ray]'``); nothing else in sandlot
-imports Ray. See docs/ray.md for what is guaranteed and what is not built yet.
+imports Ray. The front door (``sandlot serve --ray``: :func:`serve_cluster`,
+:class:`RayDirectory`, :class:`NodeService`) also needs the ``server`` extra and is
+imported only when one of those names is used. See docs/ray.md for what is guaranteed
+and what is not built yet.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from sandlot.ray._batch import BatchProgress, run_batch
 from sandlot.ray._cluster import ClusterFiles, ClusterSandbox, NoCapacity, SandlotCluster
 from sandlot.ray._node import NodeInfo, SandlotNode
 from sandlot.ray._program import BatchExecution, Program
+
+if TYPE_CHECKING:
+    from sandlot.ray._serve import NodeService, RayDirectory, serve_cluster
+
+_FRONT_DOOR = frozenset({"NodeService", "RayDirectory", "serve_cluster"})
+
+
+def __getattr__(name: str) -> Any:
+    # The front door needs the server extra; the batch API must not.
+    if name in _FRONT_DOOR:
+        from sandlot.ray import _serve
+
+        return getattr(_serve, name)
+    raise AttributeError(f"module 'sandlot.ray' has no attribute {name!r}")
+
 
 __all__ = [
     "BatchExecution",
@@ -33,8 +53,11 @@ __all__ = [
     "ClusterSandbox",
     "NoCapacity",
     "NodeInfo",
+    "NodeService",
     "Program",
+    "RayDirectory",
     "SandlotCluster",
     "SandlotNode",
     "run_batch",
+    "serve_cluster",
 ]

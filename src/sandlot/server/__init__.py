@@ -18,6 +18,8 @@ import logging
 from typing import Any
 
 from sandlot.server._app import create_app
+from sandlot.server._cluster import ClusterStore, NodeRef
+from sandlot.server._door import Directory, FrontDoor, create_front_door
 from sandlot.server._settings import (
     E2B_TEMPLATES,
     TIMEOUT_CEILINGS,
@@ -30,11 +32,16 @@ from sandlot.server._store import Store, TenantQuotas
 __all__ = [
     "E2B_TEMPLATES",
     "TIMEOUT_CEILINGS",
+    "ClusterStore",
+    "Directory",
+    "FrontDoor",
+    "NodeRef",
     "Quotas",
     "ServerSettings",
     "Store",
     "TenantQuotas",
     "create_app",
+    "create_front_door",
     "default_state_dir",
     "serve",
 ]

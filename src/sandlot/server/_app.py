@@ -155,12 +155,16 @@ async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
-def create_app(settings: ServerSettings | None = None, *, recover: bool = True) -> FastAPI:
+def create_app(
+    settings: ServerSettings | None = None, *, recover: bool = True, store: Store | None = None
+) -> FastAPI:
     """Build the server's ASGI app. Opens the database and, unless ``recover=False``
     (e.g. only to print the OpenAPI document), cleans up after a crash now; the reaper
-    runs while the app's lifespan does."""
+    runs while the app's lifespan does. ``store``: a store opened by the caller (a
+    cluster node's, which scopes crash recovery to its own sandboxes) instead of one
+    opened from ``settings``; the app closes it at the end of its lifespan."""
     settings = settings or ServerSettings()
-    store = Store(
+    store = store or Store(
         settings.resolved_database_url,
         audit_max_age=settings.audit_max_age,
         audit_max_rows=settings.audit_max_rows,

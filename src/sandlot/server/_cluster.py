@@ -1,0 +1,331 @@
+"""The shared store of a server spread over cluster nodes: where each sandbox lives,
+placement reservations, and what a lost node takes with it.
+
+One database (PostgreSQL: every node and every front door reach it) holds, besides the
+single-machine tables (tenants, keys, sandboxes, audit), two tables of its own:
+
+* ``sandbox_nodes``: the node each sandbox lives on (written by that node in the
+  transaction before its ``sandboxes`` row), so any front door can route a call for it,
+  and its memory (written by the front door that placed it) for the tenant's quota;
+* ``placement_reservations``: a create a front door has admitted and not finished yet,
+  counted against the tenant's quotas and the node's slots until the node answers.
+
+A sandbox is live while its ``sandboxes`` row has no ``ended_at``: the node closes it
+when the sandbox is killed, reaped or expires, and a front door closes every row of a
+node that left the cluster (``end_reason`` "node-lost"), so the tenant's quotas are
+released whoever notices first. Nothing here imports Ray: the Ray side
+(:mod:`sandlot.ray`) tells which nodes exist.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from sandlot.server._manager import ApiError
+from sandlot.server._settings import Quotas
+from sandlot.server._store import Store, executions, sandbox_recovery, sandboxes
+
+_metadata = sa.MetaData()
+
+sandbox_nodes = sa.Table(
+    "sandbox_nodes",
+    _metadata,
+    sa.Column("sandbox_id", sa.String(64), primary_key=True),
+    sa.Column("node_id", sa.String(64), nullable=False, index=True),
+    sa.Column("node_ip", sa.String(64), nullable=False),
+    sa.Column("url", sa.String(256), nullable=False),
+    sa.Column("memory_mb", sa.Integer, nullable=True),
+)
+
+placement_reservations = sa.Table(
+    "placement_reservations",
+    _metadata,
+    sa.Column("reservation_id", sa.String(32), primary_key=True),
+    sa.Column("tenant", sa.String(128), nullable=False, index=True),
+    sa.Column("node_id", sa.String(64), nullable=False),
+    sa.Column("memory_mb", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+RESERVATION_TTL = 300.0
+"""Seconds a reservation counts at most: one whose front door died mid-create stops
+holding its tenant's quota and its node's slot after this (a create that is still
+starting is well within it)."""
+NODE_LOST = "node-lost"
+"""``end_reason`` of a sandbox whose node left the cluster."""
+_PLACEMENT_LOCK = 0x5A4D_1075
+"""PostgreSQL advisory lock that serialises admissions (quota and slot checks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    """A cluster node's sandbox service, as a front door sees it."""
+
+    node_id: str
+    ip: str
+    url: str
+    """The node's own sandlot server (``http://IP:PORT``)."""
+    slots: int
+    """Sandboxes it holds at once, at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a sandbox lives and whether it is still live."""
+
+    sandbox_id: str
+    tenant: str
+    node_id: str
+    node_ip: str
+    url: str
+    ended: bool
+    lost: bool
+    """Its node left the cluster (it is gone for good)."""
+
+
+class ClusterStore(Store):
+    """:class:`Store` plus placement. ``node``: the node this store belongs to (a node's
+    server), whose sandboxes' rows it writes and whose leftovers only it recovers;
+    None for a front door."""
+
+    def __init__(self, url: str, *, node: NodeRef | None = None, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.node = node
+        _metadata.create_all(self.engine)
+
+    # --- a node's server -------------------------------------------------------------
+    def sandbox_started(
+        self,
+        sandbox_id: str,
+        tenant: str,
+        template: str,
+        *,
+        backend: str | None = None,
+        recovery: Mapping[str, Any] | None = None,
+    ) -> None:
+        if self.node is not None:
+            # First: a sandboxes row with no placement could not be routed; a placement
+            # with no sandboxes row is not live (and the manager kills the sandbox).
+            with self.engine.begin() as conn:
+                conn.execute(
+                    sandbox_nodes.insert().values(
+                        sandbox_id=sandbox_id,
+                        node_id=self.node.node_id,
+                        node_ip=self.node.ip,
+                        url=self.node.url,
+                    )
+                )
+        super().sandbox_started(sandbox_id, tenant, template, backend=backend, recovery=recovery)
+
+    def unfinished_recovery_tokens(self) -> list[tuple[str, dict[str, Any]]]:
+        """Only this node's: another node's sandboxes are alive on their own node."""
+        if self.node is None:
+            return super().unfinished_recovery_tokens()
+        query = (
+            sa.select(sandbox_recovery.c.backend, sandbox_recovery.c.token)
+            .join(sandboxes, sandboxes.c.sandbox_id == sandbox_recovery.c.sandbox_id)
+            .join(sandbox_nodes, sandbox_nodes.c.sandbox_id == sandbox_recovery.c.sandbox_id)
+            .where(sandboxes.c.ended_at.is_(None), sandbox_nodes.c.node_id == self.node.node_id)
+        )
+        found = []
+        with self.engine.connect() as conn:
+            for backend, text in conn.execute(query):
+                try:
+                    token = json.loads(text)
+                except ValueError:
+                    continue
+                if isinstance(token, dict):
+                    found.append((str(backend), token))
+        return found
+
+    def close_orphans(self) -> tuple[int, int]:
+        """Only this node's leftovers: every other node's sandboxes live on."""
+        if self.node is None:
+            return super().close_orphans()
+        return self._end_node(self.node.node_id, "server-crashed")
+
+    # --- a front door -------------------------------------------------------------------
+    def locate(self, sandbox_id: str) -> Placement | None:
+        """Where ``sandbox_id`` lives, or None for an id no node ever held."""
+        query = (
+            sa.select(
+                sandboxes.c.tenant,
+                sandbox_nodes.c.node_id,
+                sandbox_nodes.c.node_ip,
+                sandbox_nodes.c.url,
+                sandboxes.c.ended_at,
+                sandboxes.c.end_reason,
+            )
+            .join(sandboxes, sandboxes.c.sandbox_id == sandbox_nodes.c.sandbox_id)
+            .where(sandbox_nodes.c.sandbox_id == sandbox_id)
+        )
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        if row is None:
+            return None
+        return Placement(
+            sandbox_id=sandbox_id,
+            tenant=row[0],
+            node_id=row[1],
+            node_ip=row[2],
+            url=row[3],
+            ended=row[4] is not None,
+            lost=row[5] == NODE_LOST,
+        )
+
+    def reserve(
+        self, tenant: str, quotas: Quotas, memory_mb: int, nodes: Sequence[NodeRef]
+    ) -> tuple[str, NodeRef]:
+        """Admit one create of ``tenant``: check its quotas over the whole cluster and
+        pick the node with the most free slots, in one serialised transaction (every
+        front door takes the same lock), and hold both until :meth:`placed` or
+        :meth:`unreserve`. Raises ApiError 429 (quota) or 503 ``NoCapacity``."""
+        now = time.time()
+        live = sandboxes.c.ended_at.is_(None)
+        fresh = placement_reservations.c.created_at > now - RESERVATION_TTL
+        with self.engine.begin() as conn:
+            if self.engine.dialect.name == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PLACEMENT_LOCK)))
+            conn.execute(placement_reservations.delete().where(sa.not_(fresh)))
+            count, memory = conn.execute(
+                sa.select(
+                    sa.func.count(), sa.func.coalesce(sa.func.sum(sandbox_nodes.c.memory_mb), 0)
+                )
+                .select_from(
+                    sandboxes.join(
+                        sandbox_nodes, sandbox_nodes.c.sandbox_id == sandboxes.c.sandbox_id
+                    )
+                )
+                .where(sandboxes.c.tenant == tenant, live)
+            ).one()
+            held, held_memory = conn.execute(
+                sa.select(
+                    sa.func.count(),
+                    sa.func.coalesce(sa.func.sum(placement_reservations.c.memory_mb), 0),
+                ).where(placement_reservations.c.tenant == tenant)
+            ).one()
+            recent = conn.execute(
+                sa.select(sa.func.count()).where(
+                    sandboxes.c.tenant == tenant, sandboxes.c.created_at > now - 60
+                )
+            ).scalar_one()
+            count, memory = int(count) + int(held), int(memory) + int(held_memory)
+            if count >= quotas.max_sandboxes:
+                raise ApiError(
+                    429,
+                    "QuotaExceeded",
+                    f"tenant {tenant!r} already has {count} sandboxes in the cluster "
+                    f"(quota: {quotas.max_sandboxes}); kill one first",
+                )
+            if int(recent) + int(held) >= quotas.creates_per_minute:
+                raise ApiError(
+                    429,
+                    "QuotaExceeded",
+                    f"tenant {tenant!r} created {int(recent) + int(held)} sandboxes in the "
+                    f"last minute (quota: {quotas.creates_per_minute} per minute); retry later",
+                )
+            if memory + memory_mb > quotas.max_memory_mb:
+                raise ApiError(
+                    429,
+                    "QuotaExceeded",
+                    f"tenant {tenant!r} would use {memory + memory_mb} MiB of sandbox memory "
+                    f"in the cluster (quota: {quotas.max_memory_mb} MiB); kill a sandbox or "
+                    "ask for less",
+                )
+            used: dict[str, int] = {}
+            for node_id, n in conn.execute(
+                sa.select(sandbox_nodes.c.node_id, sa.func.count())
+                .select_from(
+                    sandboxes.join(
+                        sandbox_nodes, sandbox_nodes.c.sandbox_id == sandboxes.c.sandbox_id
+                    )
+                )
+                .where(live)
+                .group_by(sandbox_nodes.c.node_id)
+            ):
+                used[node_id] = used.get(node_id, 0) + int(n)
+            for node_id, n in conn.execute(
+                sa.select(placement_reservations.c.node_id, sa.func.count()).group_by(
+                    placement_reservations.c.node_id
+                )
+            ):
+                used[node_id] = used.get(node_id, 0) + int(n)
+            free = sorted(
+                ((node.slots - used.get(node.node_id, 0), node) for node in nodes),
+                key=lambda pair: (-pair[0], pair[1].node_id),
+            )
+            if not free or free[0][0] <= 0:
+                raise ApiError(
+                    503,
+                    "NoCapacity",
+                    "no sandlot node in the cluster has a free slot "
+                    f"({len(nodes)} live node(s)); retry later or add nodes",
+                )
+            node = free[0][1]
+            reservation = uuid.uuid4().hex
+            conn.execute(
+                placement_reservations.insert().values(
+                    reservation_id=reservation,
+                    tenant=tenant,
+                    node_id=node.node_id,
+                    memory_mb=memory_mb,
+                    created_at=now,
+                )
+            )
+        return reservation, node
+
+    def placed(self, reservation: str, sandbox_id: str, memory_mb: int) -> None:
+        """The node started the sandbox: its memory counts from its row now."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                sandbox_nodes.update()
+                .where(sandbox_nodes.c.sandbox_id == sandbox_id)
+                .values(memory_mb=memory_mb)
+            )
+            conn.execute(
+                placement_reservations.delete().where(
+                    placement_reservations.c.reservation_id == reservation
+                )
+            )
+
+    def unreserve(self, reservation: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                placement_reservations.delete().where(
+                    placement_reservations.c.reservation_id == reservation
+                )
+            )
+
+    def node_lost(self, node_id: str) -> tuple[int, int]:
+        """Record that ``node_id`` left the cluster: each of its live sandboxes ends
+        (``node-lost``, releasing its tenant's quotas) and each cell running there is
+        ``killed`` with status ``died``. Idempotent (every front door may call it)."""
+        return self._end_node(node_id, NODE_LOST)
+
+    def _end_node(self, node_id: str, reason: str) -> tuple[int, int]:
+        now = time.time()
+        on_node = sa.select(sandbox_nodes.c.sandbox_id).where(sandbox_nodes.c.node_id == node_id)
+        with self.engine.begin() as conn:
+            boxes = conn.execute(
+                sandboxes.update()
+                .where(sandboxes.c.sandbox_id.in_(on_node), sandboxes.c.ended_at.is_(None))
+                .values(ended_at=now, end_reason=reason)
+            ).rowcount
+            conn.execute(
+                sandbox_recovery.delete().where(sandbox_recovery.c.sandbox_id.in_(on_node))
+            )
+            cells = conn.execute(
+                executions.update()
+                .where(executions.c.sandbox_id.in_(on_node), executions.c.outcome == "running")
+                .values(
+                    outcome="killed", status="died", error_name="SandboxLostError", finished_at=now
+                )
+            ).rowcount
+        return int(boxes or 0), int(cells or 0)

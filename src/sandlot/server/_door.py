@@ -1,0 +1,738 @@
+"""The front door: one HTTP endpoint in front of the sandlot servers of a cluster's nodes.
+
+Every cluster node runs the ordinary sandlot server (``create_app``) on its own address,
+with a :class:`~sandlot.server._cluster.ClusterStore` on the shared database; the
+front door serves the same URLs (the native ``/v1`` API, E2B's control plane and sandbox
+plane, the debug-mode ``/e2b``) and does only three things itself:
+
+* **placement**: a create is admitted against the tenant's quotas over the whole
+  cluster and given to the node with the most free slots
+  (:meth:`ClusterStore.reserve`), then forwarded to that node;
+* **routing**: every later request naming a sandbox (in its path, or in E2B's
+  ``E2b-Sandbox-Id`` header) is streamed, unchanged, to the node that holds it (found
+  in the shared store, then cached: a sandbox never moves);
+* **loss**: a sandbox whose node left the cluster answers ``NodeLost`` (a
+  ``SandboxLost``; on E2B's wire, "sandbox was not found"), its rows are closed with
+  ``end_reason`` "node-lost" and its running cells ``killed``/``died``, which releases
+  its tenant's quotas.
+
+Authentication, ownership, limits, the audit trail and the E2B tokens stay with the
+node that serves the request: the front door holds no per-sandbox state but a cache,
+so any number of them can run side by side and one that dies loses nothing. It knows
+nothing of Ray: a :class:`Directory` (``sandlot.ray``'s) says which nodes exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import hashlib
+import json
+import logging
+import re
+import socket
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import httpcore
+import httpx
+from starlette.datastructures import Headers
+from starlette.types import Message, Receive, Scope, Send
+
+import sandlot
+from sandlot.server._cluster import ClusterStore, NodeRef, Placement
+from sandlot.server._e2b_control import _token
+from sandlot.server._manager import ApiError
+from sandlot.server._settings import Quotas, ServerSettings
+from sandlot.server._state import api_key_of
+from sandlot.server._store import Principal
+
+log = logging.getLogger("sandlot.server.door")
+
+_NATIVE_ID = re.compile(r"^/v1/sandboxes/([^/]+)(/.*)?$")
+_CONTROL_ID = re.compile(r"^(?:/v2)?/sandboxes/([^/]+)(/.*)?$")
+_DEBUG_ID = re.compile(r"^/e2b/sandboxes/([^/]+)(/.*)?$")
+_HOP = frozenset(
+    {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"date"}
+)
+_UPSTREAM_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException)
+"""What a call to a node that went away (or never answered) raises."""
+_HOP_OUT = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"})
+NODE_KEEPALIVE = 30.0
+"""Seconds a front door keeps an idle connection to a node. Node servers keep theirs
+for 90 s (``sandlot.ray``): the front door always closes first, so it never sends a
+request on a connection the node is closing."""
+DEBUG_SANDBOX_ID = "debug"  # E2B's debug mode names no sandbox (sandlot.server._e2b)
+
+
+class Directory(Protocol):
+    """Which sandlot nodes the cluster has (implemented by ``sandlot.ray``)."""
+
+    def nodes(self) -> list[NodeRef]:
+        """The live nodes that take new sandboxes (no round trip: the last refresh's)."""
+
+    def refresh(self) -> set[str]:
+        """Look again (blocking): start a node service on every node that joined; the
+        ids of every node known to have left."""
+
+    def confirm_lost(self, node_id: str) -> bool:
+        """Whether ``node_id`` (or its node service) is gone for good (blocking)."""
+
+
+class _Surface:
+    """How a request's errors are shaped: the native API's, or E2B's."""
+
+    NATIVE = "native"
+    CONTROL = "control"
+    PLANE = "plane"
+
+
+def _json_body(status: int, body: dict[str, Any]) -> tuple[int, bytes]:
+    return status, json.dumps(body).encode()
+
+
+def _native(status: int, type_: str, message: str) -> tuple[int, bytes]:
+    return _json_body(status, {"type": type_, "message": message})
+
+
+def _e2b(status: int, message: str) -> tuple[int, bytes]:
+    return _json_body(status, {"code": status, "message": message})
+
+
+class FrontDoor:
+    """The front door's ASGI app. ``refresh``: seconds between membership checks."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        store: ClusterStore,
+        directory: Directory,
+        *,
+        refresh: float = 1.0,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.directory = directory
+        self.refresh_interval = refresh
+        self.lost: set[str] = set()
+        self._placements: dict[str, Placement] = {}
+        self._client = httpx.AsyncClient(
+            # No read timeout: a cell's stream lasts as long as the cell, which the node
+            # bounds; connecting to a node on the cluster's network is quick or nothing.
+            timeout=httpx.Timeout(None, connect=5.0),
+            limits=httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=512,
+                keepalive_expiry=NODE_KEEPALIVE,
+            ),
+            # A request's head and body go out as two writes: without TCP_NODELAY the
+            # second waits for the node's delayed ACK (40 ms on Linux) on every call.
+            transport=httpx.AsyncHTTPTransport(
+                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+            ),
+        )
+        self._pool = httpcore.AsyncConnectionPool(
+            max_connections=None,
+            max_keepalive_connections=512,
+            keepalive_expiry=NODE_KEEPALIVE,
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        )
+        self._hosts: dict[str, bytes] = {}
+        self._refresher: asyncio.Task[None] | None = None
+
+    # --- membership ---------------------------------------------------------------------
+    async def refresh(self) -> None:
+        gone = await asyncio.to_thread(self.directory.refresh)
+        for node_id in gone - self.lost:
+            await self._mark_lost(node_id)
+
+    async def _mark_lost(self, node_id: str) -> None:
+        boxes, cells = await asyncio.to_thread(self.store.node_lost, node_id)
+        self.lost.add(node_id)
+        log.warning(
+            "sandlot node %s left the cluster: %d sandbox(es) and %d running cell(s) lost",
+            node_id,
+            boxes,
+            cells,
+        )
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("cluster membership refresh failed")
+            await asyncio.sleep(self.refresh_interval)
+
+    # --- ASGI ---------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            await self._route(scope, receive, send)
+        except _ClientGone:
+            return
+        except ApiError as exc:
+            surface = self._surface_of(scope)
+            if surface == _Surface.NATIVE:
+                await _answer(send, *_native(exc.status, exc.type, exc.message))
+            else:
+                await _answer(send, *_e2b(exc.status, exc.message))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.refresh()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                self._refresher = asyncio.create_task(self._refresh_forever())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._refresher is not None:
+                    self._refresher.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._refresher
+                await self._client.aclose()
+                await self._pool.aclose()
+                await asyncio.to_thread(self.store.close)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    @staticmethod
+    def _surface_of(scope: Scope) -> str:
+        path: str = scope["path"]
+        if path.startswith("/v1/") or path == "/v1":
+            return _Surface.NATIVE
+        if any(name == b"e2b-sandbox-id" for name, _ in scope.get("headers", ())):
+            return _Surface.PLANE
+        if path.startswith("/e2b"):
+            return _Surface.NATIVE
+        return _Surface.CONTROL
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        debug = path == "/e2b" or path.startswith("/e2b/")
+        header_id = None
+        for name, value in scope.get("headers", ()):
+            if name == b"e2b-sandbox-id":
+                header_id = value.decode("latin-1")
+        if header_id is not None and not debug:
+            # E2B's sandbox plane (its /health too): the sandbox's node answers.
+            await self._to_sandbox(header_id, _Surface.PLANE, scope, receive, send)
+            return
+        if path == "/health":
+            await _answer(
+                send, 200, json.dumps({"status": "ok", "version": sandlot.__version__}).encode()
+            )
+            return
+        if path == "/v1/cluster":
+            await self._cluster(scope, send)
+            return
+        if method == "POST" and path in ("/v1/sandboxes", "/sandboxes", "/v2/sandboxes"):
+            await self._create(scope, receive, send)
+            return
+        if method == "GET" and path == "/v1/sandboxes":
+            await self._list_native(scope, send)
+            return
+        if method == "GET" and path in ("/sandboxes", "/v2/sandboxes"):
+            await self._list_e2b(scope, send)
+            return
+        if path == "/files" and b"signature=" in scope.get("query_string", b""):
+            raise ApiError(
+                501,
+                "NotImplemented",
+                "signed file URLs are not routed by a cluster's front door yet; use "
+                "files.read / files.write",
+            )
+        for pattern, surface in (
+            (_NATIVE_ID, _Surface.NATIVE),
+            (_CONTROL_ID, _Surface.CONTROL),
+            (_DEBUG_ID, _Surface.NATIVE),
+        ):
+            match = pattern.match(path)
+            if match:
+                await self._to_sandbox(match.group(1), surface, scope, receive, send)
+                return
+        if debug:
+            if header_id and header_id != DEBUG_SANDBOX_ID:
+                await self._to_sandbox(header_id, _Surface.NATIVE, scope, receive, send)
+                return
+            # The tenant's default sandbox lives on one node, the one its name hashes to
+            # among the live nodes (rendezvous hashing: a node joining or leaving moves
+            # only the tenants it wins or held).
+            principal = await self._principal(scope)
+            nodes = self._live()
+            if principal is None or not nodes:
+                raise ApiError(401, "AuthenticationError", "a valid API key is required")
+            node = max(
+                nodes,
+                key=lambda n: hashlib.sha256(f"{principal.tenant}|{n.node_id}".encode()).digest(),
+            )
+            await self._forward(node, None, _Surface.NATIVE, scope, receive, send)
+            return
+        # Anything else (the OpenAPI document, a node's metrics, the web app): any node.
+        nodes = self._live()
+        if not nodes:
+            raise ApiError(503, "NoCapacity", "no live sandlot node in the cluster")
+        await self._forward(nodes[0], None, _Surface.NATIVE, scope, receive, send)
+
+    def _live(self) -> list[NodeRef]:
+        return sorted(
+            (n for n in self.directory.nodes() if n.node_id not in self.lost),
+            key=lambda n: n.node_id,
+        )
+
+    # --- authentication (only where the front door answers itself) -----------------------
+    async def _principal(self, scope: Scope) -> Principal | None:
+        holder = _HeaderHolder(Headers(scope=scope))
+        key = api_key_of(holder)  # type: ignore[arg-type]
+        if not key:
+            return None
+        return await asyncio.to_thread(self.store.authenticate, key)
+
+    async def _authenticated(self, scope: Scope) -> Principal:
+        principal = await self._principal(scope)
+        if principal is None:
+            raise ApiError(
+                401,
+                "AuthenticationError",
+                "a valid API key is required (Authorization: Bearer KEY)",
+            )
+        return principal
+
+    # --- create ---------------------------------------------------------------------------
+    async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
+        native = scope["path"] == "/v1/sandboxes"
+        body = await _read_body(receive, self.settings.max_body_bytes)
+        principal = await self._authenticated(scope)
+        memory = await asyncio.to_thread(self._memory_of, principal.tenant, body, native)
+        quotas = await asyncio.to_thread(self._quotas, principal.tenant)
+        tried: set[str] = set()
+        while True:
+            candidates = [n for n in self._live() if n.node_id not in tried]
+            reservation, node = await asyncio.to_thread(
+                self.store.reserve, principal.tenant, quotas, memory, candidates
+            )
+            try:
+                status, headers, content = await self._call(node, scope, body)
+            except httpx.TransportError:
+                await asyncio.to_thread(self.store.unreserve, reservation)
+                tried.add(node.node_id)
+                if await asyncio.to_thread(self.directory.confirm_lost, node.node_id):
+                    await self._mark_lost(node.node_id)
+                continue  # another node (reserve raises NoCapacity when none is left)
+            if status != 201:
+                await asyncio.to_thread(self.store.unreserve, reservation)
+                await _answer(send, status, content, headers)
+                return
+            info = json.loads(content)
+            sandbox_id = str(info["sandbox_id" if native else "sandboxID"])
+            granted = (info.get("resources") or {}).get("memory_mb") if native else None
+            await asyncio.to_thread(
+                self.store.placed, reservation, sandbox_id, int(granted or memory)
+            )
+            if native:
+                info["node"] = {"node_id": node.node_id, "ip": node.ip}
+                content = json.dumps(info).encode()
+            await _answer(send, status, content, headers)
+            return
+
+    def _memory_of(self, tenant: str, body: bytes, native: bool) -> int:
+        """The memory the new sandbox will have (what it asks for, else the ceiling)."""
+        ceiling = self.store.tenant_ceilings(tenant).get(
+            "memory_mb", self.settings.ceilings.memory_mb
+        )
+        asked = None
+        if native:
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                asked = (json.loads(body).get("resources") or {}).get("memory_mb")
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
+            return asked
+        return int(ceiling or 0)
+
+    def _quotas(self, tenant: str) -> Quotas:
+        own = self.store.tenant_quotas(tenant)
+        default = self.settings.quotas
+        return Quotas(
+            max_sandboxes=own.max_sandboxes or default.max_sandboxes,
+            creates_per_minute=own.creates_per_minute or default.creates_per_minute,
+            max_memory_mb=own.max_memory_mb or default.max_memory_mb,
+        )
+
+    async def _call(
+        self, node: NodeRef, scope: Scope, body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """A whole request to a node and its whole answer (small JSON calls)."""
+        response = await self._client.request(
+            scope["method"],
+            node.url + _target(scope),
+            headers=_headers_in(scope),
+            content=body,
+        )
+        return response.status_code, _headers_out(response), response.content
+
+    # --- lists ------------------------------------------------------------------------------
+    async def _fan_out(self, scope: Scope) -> list[tuple[NodeRef, httpx.Response]]:
+        nodes = self._live()
+
+        async def ask(node: NodeRef) -> tuple[NodeRef, httpx.Response] | None:
+            try:
+                response = await self._client.request(
+                    "GET", node.url + _target(scope), headers=_headers_in(scope)
+                )
+            except httpx.TransportError:
+                return None  # its sandboxes are lost; the refresh will say so
+            return node, response
+
+        answers = await asyncio.gather(*(ask(node) for node in nodes))
+        found = [a for a in answers if a is not None]
+        for _, response in found:
+            if response.status_code != 200:
+                raise _Relay(response)
+        return found
+
+    async def _list_native(self, scope: Scope, send: Send) -> None:
+        try:
+            answers = await self._fan_out(scope)
+        except _Relay as relay:
+            await _answer(send, relay.response.status_code, relay.response.content)
+            return
+        items = []
+        for node, response in answers:
+            for item in response.json():
+                item["node"] = {"node_id": node.node_id, "ip": node.ip}
+                items.append(item)
+        items.sort(key=lambda i: (i.get("started_at", 0), i.get("sandbox_id", "")))
+        await _answer(send, 200, json.dumps(items).encode())
+
+    async def _list_e2b(self, scope: Scope, send: Send) -> None:
+        try:
+            answers = await self._fan_out(scope)
+        except _Relay as relay:
+            await _answer(send, relay.response.status_code, relay.response.content)
+            return
+        query = dict(
+            item.split("=", 1) if "=" in item else (item, "")
+            for item in scope.get("query_string", b"").decode("latin-1").split("&")
+            if item
+        )
+        try:
+            limit = int(query.get("limit", "100"))
+        except ValueError:
+            limit = 100
+        ascending = query.get("order") == "asc"
+        more = any("x-next-token" in response.headers for _, response in answers)
+        items = [item for _, response in answers for item in response.json()]
+
+        def started(item: dict[str, Any]) -> float:
+            return datetime.datetime.fromisoformat(str(item["startedAt"])).timestamp()
+
+        items.sort(key=lambda i: (started(i), str(i["sandboxID"])), reverse=not ascending)
+        page, rest = items[:limit], items[limit:]
+        headers: list[tuple[bytes, bytes]] = []
+        if (rest or more) and page:
+            last = page[-1]
+            # startedAt is the start time rounded to the microsecond, and the nodes
+            # compare the exact one: step a microsecond past the last item (in the
+            # list's order) so that it is not listed again. (Two sandboxes started
+            # within a microsecond of each other do not happen: a start takes ms.)
+            moment = started(last) + (1e-6 if ascending else -1e-6)
+            headers.append((b"x-next-token", _token((moment, str(last["sandboxID"]))).encode()))
+        await _answer(send, 200, json.dumps(page).encode(), headers)
+
+    # --- one sandbox ------------------------------------------------------------------------
+    async def _locate(self, sandbox_id: str) -> Placement | None:
+        placement = self._placements.get(sandbox_id)
+        if placement is None:
+            placement = await asyncio.to_thread(self.store.locate, sandbox_id)
+            if placement is not None and not placement.lost:
+                if len(self._placements) > 1_000_000:
+                    self._placements.clear()
+                self._placements[sandbox_id] = placement
+        return placement
+
+    async def _to_sandbox(
+        self, sandbox_id: str, surface: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        placement = await self._locate(sandbox_id)
+        if placement is None:
+            await self._gone(sandbox_id, None, surface, scope, send)
+            return
+        if placement.lost or placement.node_id in self.lost:
+            await self._gone(sandbox_id, placement, surface, scope, send)
+            return
+        node = NodeRef(placement.node_id, placement.node_ip, placement.url, 0)
+        await self._forward(node, placement, surface, scope, receive, send)
+
+    async def _gone(
+        self,
+        sandbox_id: str,
+        placement: Placement | None,
+        surface: str,
+        scope: Scope,
+        send: Send,
+    ) -> None:
+        """Answer for a sandbox no node can serve: unknown, or lost with its node."""
+        if surface == _Surface.PLANE:
+            # E2B's proxy wording, which the SDK reads as "sandbox gone"; the same,
+            # word for word, for an unknown id and a lost one: the token cannot be
+            # checked any more, so the caller may not learn that the id ever existed.
+            await _answer(send, *_e2b(502, f"The sandbox {sandbox_id} was not found"))
+            return
+        principal = await self._authenticated(scope)
+        if placement is None or placement.tenant != principal.tenant:
+            if surface == _Surface.NATIVE:
+                await _answer(
+                    send,
+                    *_native(404, "SandboxNotFound", f"sandbox {sandbox_id!r} not found"),
+                )
+            else:
+                await _answer(send, *_e2b(404, f"sandbox {sandbox_id!r} was not found"))
+            return
+        message = (
+            f"sandbox {sandbox_id} was lost with its node {placement.node_ip} "
+            f"({placement.node_id}), which left the cluster; its files and state are gone"
+        )
+        if surface == _Surface.CONTROL:
+            await _answer(send, *_e2b(404, f"sandbox {sandbox_id!r} was not found: {message}"))
+        elif scope["method"] == "DELETE":
+            await _answer(send, 204, b"")  # killing a lost sandbox: it is already gone
+        else:
+            await _answer(send, *_native(503, "NodeLost", message))
+
+    async def _forward(
+        self,
+        node: NodeRef,
+        placement: Placement | None,
+        surface: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Stream the request to ``node`` and its answer back, unchanged (but the node
+        named in a native sandbox's info). The client's disconnect closes the call to
+        the node, which interrupts a running cell there as it would on one machine."""
+        body_done = asyncio.Event()
+        first = await receive()
+        chunk = first.get("body", b"")
+        if not first.get("more_body", False):
+            body_done.set()
+            content: bytes | AsyncIterator[bytes] = chunk
+        else:
+
+            async def stream() -> AsyncIterator[bytes]:
+                yield chunk
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise _ClientGone
+                    yield message.get("body", b"")
+                    if not message.get("more_body", False):
+                        break
+                body_done.set()
+
+            content = stream()
+        # httpcore, not httpx, on this path: every routed call pays it, and httpx's
+        # request and response models cost more than the relay itself. Framing is
+        # h11's, from the headers: the client's own Content-Length or chunked body.
+        headers = _headers_in(scope)
+        headers.append((b"host", self._host(node.url)))
+        if isinstance(content, bytes):
+            headers = [(k, v) for k, v in headers if k != b"content-length"]
+            if content or scope["method"] not in ("GET", "HEAD", "DELETE"):
+                headers.append((b"content-length", str(len(content)).encode()))
+        elif not any(k == b"content-length" for k, _ in headers):
+            headers.append((b"transfer-encoding", b"chunked"))
+        request = httpcore.Request(
+            scope["method"].encode(),
+            (node.url + _target(scope)).encode("latin-1"),
+            headers=headers,
+            content=content,
+        )
+        try:
+            response = await self._pool.handle_async_request(request)
+        except _ClientGone:
+            return
+        except _UPSTREAM_ERRORS as exc:
+            await self._unreachable(node, placement, surface, scope, send, exc)
+            return
+        try:
+            out = [(k.lower(), v) for k, v in response.headers if k.lower() not in _HOP_OUT]
+            if placement is not None and surface == _Surface.NATIVE and _is_info(scope):
+                content_out = await response.aread()
+                if response.status == 200:
+                    info = json.loads(content_out)
+                    info["node"] = {"node_id": node.node_id, "ip": node.ip}
+                    content_out = json.dumps(info).encode()
+                await _answer(send, response.status, content_out, out)
+                return
+            await send({"type": "http.response.start", "status": response.status, "headers": out})
+            await _until_disconnect(_pump(response, send), receive, body_done)
+        finally:
+            await response.aclose()
+
+    def _host(self, url: str) -> bytes:
+        host = self._hosts.get(url)
+        if host is None:
+            host = self._hosts[url] = urllib.parse.urlsplit(url).netloc.encode("latin-1")
+        return host
+
+    async def _unreachable(
+        self,
+        node: NodeRef,
+        placement: Placement | None,
+        surface: str,
+        scope: Scope,
+        send: Send,
+        exc: Exception,
+    ) -> None:
+        if await asyncio.to_thread(self.directory.confirm_lost, node.node_id):
+            await self._mark_lost(node.node_id)
+            if placement is not None:
+                await self._gone(placement.sandbox_id, placement, surface, scope, send)
+                return
+        message = f"sandlot node {node.ip} ({node.node_id}) does not answer: {exc}"
+        if surface == _Surface.NATIVE:
+            await _answer(send, *_native(503, "NodeUnreachable", message))
+        else:
+            await _answer(send, *_e2b(502 if surface == _Surface.PLANE else 503, message))
+
+    # --- the cluster, for operators and tests ------------------------------------------------
+    async def _cluster(self, scope: Scope, send: Send) -> None:
+        await self._authenticated(scope)
+        # As of the last membership check (every ``refresh`` seconds): a request never
+        # triggers one, so no client can turn its requests into load on the cluster.
+        nodes = [
+            {"node_id": n.node_id, "ip": n.ip, "slots": n.slots, "lost": False}
+            for n in self._live()
+        ]
+        nodes += [{"node_id": node_id, "lost": True} for node_id in sorted(self.lost)]
+        await _answer(send, 200, json.dumps({"nodes": nodes}).encode())
+
+
+class _HeaderHolder:
+    """Just enough of a Request for :func:`api_key_of`."""
+
+    def __init__(self, headers: Headers) -> None:
+        self.headers = headers
+
+
+class _ClientGone(Exception):
+    """The client left while its request body was being streamed to a node."""
+
+
+class _Relay(Exception):
+    """A node's non-200 answer to a fan-out, relayed as it is."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+def _is_info(scope: Scope) -> bool:
+    match = _NATIVE_ID.match(scope["path"])
+    return scope["method"] == "GET" and match is not None and not match.group(2)
+
+
+def _target(scope: Scope) -> str:
+    path: str = scope.get("raw_path", b"").decode("latin-1") or scope["path"]
+    query: bytes = scope.get("query_string", b"")
+    return f"{path}?{query.decode('latin-1')}" if query else path
+
+
+def _headers_in(scope: Scope) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in scope.get("headers", ()) if k not in _HOP]
+
+
+def _headers_out(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    return [(k.lower(), v) for k, v in response.headers.raw if k.lower() not in _HOP_OUT]
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            raise ApiError(
+                413,
+                "InvalidArgumentError",
+                f"request body larger than this server accepts ({limit} bytes)",
+            )
+        parts.append(part)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _answer(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    out = [(k, v) for k, v in headers or () if k != b"content-length"]
+    if not any(k == b"content-type" for k, _ in out) and body:
+        out.append((b"content-type", b"application/json"))
+    out.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": out})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _pump(response: httpcore.Response, send: Send) -> None:
+    try:
+        async for chunk in response.aiter_stream():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except _UPSTREAM_ERRORS as exc:
+        # The node went away mid-answer: end the connection unfinished, so the client
+        # sees a cut stream (a cell's "died"), not a complete answer.
+        log.info("the stream from a node was cut: %s", exc)
+        raise _ClientGone from None
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _until_disconnect(pump: Any, receive: Receive, body_done: asyncio.Event) -> None:
+    """Run ``pump``, cancelled if the client disconnects (after its body was read)."""
+
+    async def disconnected() -> None:
+        await body_done.wait()
+        while True:
+            message: Message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    call = asyncio.ensure_future(pump)
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((call, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not call.done():
+            call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, _ClientGone):
+            await call
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+
+
+def create_front_door(
+    settings: ServerSettings,
+    directory: Directory,
+    *,
+    refresh: float = 1.0,
+    store_factory: Callable[[str], ClusterStore] | None = None,
+) -> FrontDoor:
+    """The front door's ASGI app over ``directory``'s nodes, on ``settings``' database
+    (which every node must share: PostgreSQL)."""
+    url = settings.resolved_database_url
+    store = (store_factory or (lambda u: ClusterStore(u)))(url)
+    return FrontDoor(settings, store, directory, refresh=refresh)

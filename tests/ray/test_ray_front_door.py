@@ -1,0 +1,394 @@
+"""``sandlot serve --ray``: the HTTP API, the remote SDK and the unmodified E2B client in
+front of a real multi-node Ray cluster on loopback (one cluster for the module).
+
+A head on 127.0.0.2 and nodes on .3 and .4 (tests/_ray_cluster.py), a throwaway
+PostgreSQL shared by every node and the front door, and the front door itself as the
+real CLI in a subprocess (``python -m sandlot serve --ray ADDRESS``). A node added
+later (.5) receives new sandboxes, then is killed (its whole process group) to show
+that it takes only its own sandboxes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = [
+    pytest.mark.requires_ray,
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_postgres,
+    pytest.mark.requires_server,
+    pytest.mark.slow,
+]
+
+BASE = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+WAIT = 120.0
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    bindir = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1])
+    # Not under pytest's tmp_path: PostgreSQL refuses to run as root, and its user
+    # must be able to reach the directory.
+    base = Path(tempfile.mkdtemp(prefix="pg-ray-"))
+    base.chmod(0o755)
+    as_user: list[str] = []
+    if os.getuid() == 0:
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(base, "postgres", "postgres")
+    data, sock = base / "data", base / "sock"
+
+    def run(*argv: str | Path) -> None:
+        subprocess.run([*as_user, *map(str, argv)], check=True, capture_output=True, timeout=120)
+
+    run("mkdir", sock)
+    run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "sandlot")
+    options = f"-k {sock} -c listen_addresses='' -c max_connections=300 -c fsync=off"
+    run(bindir / "pg_ctl", "-D", data, "-o", options, "-l", base / "log", "-w", "start")
+    try:
+        run(bindir / "createdb", "-h", sock, "-U", "sandlot", "sandlot")
+        yield f"postgresql+psycopg://sandlot@/sandlot?host={sock}"
+    finally:
+        run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Door:
+    """The cluster, its database and the front door (``sandlot serve --ray``)."""
+
+    def __init__(self, cluster: Any, url: str, database: str, process: Any) -> None:
+        self.cluster = cluster
+        self.url = url
+        self.database = database
+        self.process = process
+        from sandlot.server import Store, TenantQuotas
+
+        store = Store(database)
+        try:
+            self.key = store.create_key("ray-door", TenantQuotas(200, 1000, 10**7))
+            self.small_key = store.create_key("ray-small", TenantQuotas(3, 1000, 10**7))
+        finally:
+            store.close()
+        self.http = httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {self.key}"}, timeout=60
+        )
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """``{node_id: entry}`` of ``GET /v1/cluster`` (as of the last membership check)."""
+        answer = self.http.get("/v1/cluster")
+        answer.raise_for_status()
+        return {n["node_id"]: n for n in answer.json()["nodes"]}
+
+    def wait_nodes(self, predicate: Any) -> dict[str, dict[str, Any]]:
+        deadline = time.monotonic() + WAIT
+        while True:
+            nodes = self.nodes()
+            if predicate(nodes):
+                return nodes
+            assert time.monotonic() < deadline, nodes
+            time.sleep(0.2)
+
+    def node_of(self, sandbox_id: str, key: str | None = None) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        info = self.http.get(f"/v1/sandboxes/{sandbox_id}", headers=headers)
+        info.raise_for_status()
+        node: dict[str, str] = info.json()["node"]
+        return node
+
+    def sandbox(self, key: str | None = None, **kwargs: Any) -> Any:
+        import sandlot
+
+        return sandlot.Sandbox(api_url=self.url, api_key=key or self.key, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator[Door]:
+    import ray
+    from _ray_cluster import ENV, LocalRayCluster
+
+    local = LocalRayCluster(tmp_path_factory.mktemp("ray"))
+    process = None
+    log = None
+    try:
+        local.add_node()
+        local.add_node()
+        ray.init(address=local.address, _node_ip_address="127.0.0.2", log_to_driver=False)
+        local.wait_for_nodes(set(BASE))
+        port = _free_port()
+        state = tmp_path_factory.mktemp("door")
+        log = (state / "door.log").open("wb")
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sandlot",
+                "serve",
+                "--ray",
+                local.address,
+                "--ray-node-ip",
+                "127.0.0.2",
+                "--database",
+                postgres_url,
+                "--state-dir",
+                str(state),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--pool-size",
+                "0",
+                "--node-slots",
+                "30",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **ENV},
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                raise RuntimeError((state / "door.log").read_text()[-4000:])
+            time.sleep(0.2)
+        door = Door(local, url, postgres_url, process)
+        try:
+            door.wait_nodes(lambda nodes: {n.get("ip") for n in nodes.values()} >= set(BASE))
+            yield door
+        finally:
+            door.http.close()
+    finally:
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=30)
+        if log is not None:
+            log.close()
+        ray.shutdown()
+        local.close()
+
+
+@pytest.fixture(scope="module")
+def sixty(door: Door) -> Iterator[list[Any]]:
+    """60 sandboxes made through the front door, each told its own number."""
+
+    def make(i: int) -> Any:
+        sbx = door.sandbox(metadata={"n": str(i)})
+        execution = sbx.run_code(f"x = {i}")
+        assert execution.error is None, (i, execution.error)
+        return sbx
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        made = list(pool.map(make, range(60)))
+    yield made
+    for sbx in made:
+        sbx.kill()
+
+
+def test_sixty_sandboxes_spread_over_every_node_and_keep_their_state(
+    door: Door, sixty: list[Any]
+) -> None:
+    where = [door.node_of(sbx.sandbox_id) for sbx in sixty]
+    counts: dict[str, int] = {}
+    for node in where:
+        counts[node["ip"]] = counts.get(node["ip"], 0) + 1
+    assert set(counts) == set(BASE), counts
+    assert all(count >= 10 for count in counts.values()), counts
+    for node in where:
+        assert node["node_id"] == door.cluster.node_ids[node["ip"]]
+    # State stays with each sandbox on its node.
+    for i, sbx in enumerate(sixty):
+        execution = sbx.run_code("x * 2")
+        assert execution.text == str(i * 2), (i, execution.error, execution.logs)
+    answer = door.http.get("/v1/sandboxes")
+    assert answer.status_code == 200, answer.text
+    listed = answer.json()
+    assert {s.sandbox_id for s in sixty} <= {item["sandbox_id"] for item in listed}
+    assert all(item["node"]["ip"] in BASE for item in listed)
+
+
+def test_files_and_commands_go_to_the_sandbox_s_node(door: Door, sixty: list[Any]) -> None:
+    sbx = sixty[7]
+    sbx.files.write("notes/a.txt", "alpha")
+    assert sbx.files.read("notes/a.txt") == "alpha"
+    assert [e.name for e in sbx.files.list("notes")] == ["a.txt"]
+    assert sbx.commands.run("cat notes/a.txt").stdout == "alpha"
+    assert sbx.run_code("open('notes/a.txt').read()").text == "'alpha'"
+    # A body larger than one read streams through the front door both ways.
+    blob = bytes(range(256)) * (12 * 1024)  # 3 MiB
+    sbx.files.write("blob.bin", blob)
+    assert sbx.files.read("blob.bin", format="bytes") == blob
+    assert sbx.run_code("import os; os.path.getsize('blob.bin')").text == str(len(blob))
+
+
+def test_quotas_hold_over_the_whole_cluster(door: Door) -> None:
+    import sandlot
+
+    made = [door.sandbox(key=door.small_key) for _ in range(3)]
+    try:
+        ips = {door.node_of(s.sandbox_id, door.small_key)["ip"] for s in made}
+        assert len(ips) > 1, "three creates should not all land on one node"
+        with pytest.raises(sandlot.QuotaExceeded):
+            door.sandbox(key=door.small_key)
+    finally:
+        for sbx in made:
+            sbx.kill()
+    # Killed: the quota is free again.
+    door.sandbox(key=door.small_key).kill()
+
+
+def test_the_unmodified_e2b_client_works_through_the_cluster(door: Door) -> None:
+    from e2b_code_interpreter import Sandbox
+
+    opts = {"api_url": door.url, "sandbox_url": door.url, "api_key": door.key}
+    sbx = Sandbox.create(timeout=120, metadata={"suite": "ray"}, **opts)
+    try:
+        assert sbx.run_code("x = 41").error is None
+        assert sbx.run_code("x + 1").text == "42"
+        sbx.files.write("e2b/a.txt", "from e2b")
+        assert sbx.files.read("e2b/a.txt") == "from e2b"
+        assert sbx.files.exists("e2b/a.txt")
+        assert sbx.commands.run("echo hi").stdout == "hi\n"
+        assert door.node_of(sbx.sandbox_id)["ip"] in BASE
+        listed = Sandbox.list(**opts).next_items()
+        assert sbx.sandbox_id in {info.sandbox_id for info in listed}
+        # Lists fan out to every node and page as one list.
+        from e2b import SandboxQuery
+
+        run = {"run": "paging"}
+        more = [Sandbox.create(timeout=120, metadata=run, **opts) for _ in range(3)]
+        try:
+            pages = Sandbox.list(query=SandboxQuery(metadata=run), limit=2, **opts)
+            seen: list[str] = []
+            for _ in range(5):
+                if not pages.has_next:
+                    break
+                seen += [info.sandbox_id for info in pages.next_items()]
+            assert sorted(seen) == sorted(m.sandbox_id for m in more)
+            assert len({door.node_of(m.sandbox_id)["ip"] for m in more}) > 1
+        finally:
+            for m in more:
+                m.kill()
+        again = Sandbox.connect(sbx.sandbox_id, **opts)
+        assert again.run_code("x").text == "41"
+    finally:
+        assert sbx.kill() is True
+    assert not sbx.is_running()
+
+
+def test_a_node_added_later_gets_new_sandboxes_and_its_loss_takes_only_its_own(
+    door: Door, sixty: list[Any]
+) -> None:
+    from e2b_code_interpreter import Sandbox as E2bSandbox
+
+    import sandlot
+
+    victim = door.cluster.add_node()
+    victim_id = door.cluster.wait_for_nodes({victim.ip})[victim.ip]
+    door.wait_nodes(lambda nodes: victim_id in nodes and not nodes[victim_id]["lost"])
+    # The new node has the most free slots: new sandboxes go there.
+    doomed = [door.sandbox() for _ in range(3)]
+    assert {door.node_of(s.sandbox_id)["node_id"] for s in doomed} == {victim_id}
+    for i, sbx in enumerate(doomed):
+        sbx.run_code(f"y = {i}")
+    opts = {"api_url": door.url, "sandbox_url": door.url, "api_key": door.key}
+    e2b_doomed = E2bSandbox.create(timeout=120, **opts)
+    assert door.node_of(e2b_doomed.sandbox_id)["node_id"] == victim_id
+    # A small tenant at its quota, all on the victim: the loss must free the quota.
+    small = [door.sandbox(key=door.small_key) for _ in range(3)]
+    assert {door.node_of(s.sandbox_id, door.small_key)["node_id"] for s in small} == {victim_id}
+    with pytest.raises(sandlot.QuotaExceeded):
+        door.sandbox(key=door.small_key)
+
+    # A cell is running on the victim when the node goes down.
+    running: list[Any] = []
+    started = threading.Event()
+
+    def long_cell() -> None:
+        running.append(
+            doomed[0].run_code(
+                "import time\nprint('started', flush=True)\ntime.sleep(120)",
+                on_stdout=lambda _: started.set(),
+            )
+        )
+
+    worker = threading.Thread(target=long_cell)
+    worker.start()
+    assert started.wait(WAIT)
+    victim.stop()
+    worker.join(WAIT)
+    assert not worker.is_alive()
+    (cut,) = running
+    assert cut.error is not None and cut.error.name == "SandboxLostError", cut.error
+
+    door.wait_nodes(lambda nodes: nodes.get(victim_id, {}).get("lost"))
+    for sbx in doomed:
+        with pytest.raises(sandlot.NodeLost) as lost:
+            sbx.run_code("y")
+        assert victim.ip in str(lost.value)
+        assert issubclass(type(lost.value), sandlot.SandboxLost)
+    assert not e2b_doomed.is_running()
+    with pytest.raises(Exception, match="was not found"):
+        e2b_doomed.run_code("1")
+    from e2b import SandboxNotFoundException
+
+    with pytest.raises(SandboxNotFoundException):
+        E2bSandbox.connect(e2b_doomed.sandbox_id, **opts)
+    # The others answer as before.
+    for i, sbx in enumerate(sixty):
+        execution = sbx.run_code("x")
+        assert execution.text == str(i), (i, execution.error)
+    # The audit trail says what happened; the small tenant's quota is released.
+    from sandlot.server import Store
+
+    store = Store(door.database)
+    try:
+        import sqlalchemy as sa
+
+        with store.engine.connect() as conn:
+            reasons = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT sandbox_id, end_reason FROM sandboxes WHERE sandbox_id = ANY(:ids)"
+                    ),
+                    {"ids": [s.sandbox_id for s in doomed]},
+                ).all()
+            )
+        assert set(reasons.values()) == {"node-lost"}, reasons
+        cells = list(store.query_executions(sandbox_id=doomed[0].sandbox_id))
+        assert cells[-1]["outcome"] == "killed" and cells[-1]["status"] == "died", cells[-1]
+    finally:
+        store.close()
+    replacement = door.sandbox(key=door.small_key)
+    assert door.node_of(replacement.sandbox_id, door.small_key)["ip"] in BASE
+    replacement.kill()
+    for sbx in [*doomed, *small]:
+        sbx.kill()  # idempotent for a lost sandbox
