@@ -8,8 +8,11 @@ container. The container gets the privileges the KubeRay manifests give a
 sandlot node (``privileged``, see docs/kubernetes.md); the control runs the same image
 without them and must see sandlot refuse, which is why a node needs them.
 
-The engine is Docker (CI installs it with scripts/setup-docker.sh), or the one named by
-``$SANDLOT_NODE_IMAGE_ENGINE`` ("podman" runs Podman's command line, no service needed).
+The engine is Podman's command line (CI installs it with scripts/setup-docker.sh; no
+service needed), or the one named by ``$SANDLOT_NODE_IMAGE_ENGINE`` ("docker"). Podman's
+``--privileged`` grants the capabilities root has; Docker's asks for every one and fails
+("unable to apply caps") where root's bounding set lacks one, as on the CI machines,
+which have no CAP_SYS_RESOURCE: there Docker cannot run a privileged container at all.
 The first build takes about 3 minutes on 2 cores with a warm package cache; a build with
 nothing changed is reused from the image's key label in seconds.
 """
@@ -28,7 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "build-node-image.sh"
-ENGINE = os.environ.get("SANDLOT_NODE_IMAGE_ENGINE", "docker")
+ENGINE = os.environ.get("SANDLOT_NODE_IMAGE_ENGINE", "podman")
 TAG = "sandlot/node:test"
 
 pytestmark = [
