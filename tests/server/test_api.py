@@ -464,3 +464,24 @@ def test_precheck_policy_applies_in_remote_mode(api: Api) -> None:
 def _audit_rows(api: Api, sandbox_id: str) -> list[dict[str, Any]]:
     out = api.server.cli("audit", "--sandbox", sandbox_id, "--json").stdout
     return [json.loads(line) for line in out.splitlines()]
+
+
+def test_cell_code_that_is_not_unicode_text_is_a_400(api: Api, alice: httpx.Client) -> None:
+    """JSON may spell a lone surrogate (``\\ud800``), which no UTF-8 text holds: the
+    cell is refused before it starts (a typed 400), not answered as a server error."""
+    sandbox_id = _create(alice)
+    try:
+        for body in (
+            b'{"code": "print(\\"\\ud800\\")"}',
+            b'{"code": "1", "env_vars": {"A": "\\udfff"}}',
+        ):
+            response = alice.post(
+                f"/v1/sandboxes/{sandbox_id}/execute",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+            assert response.status_code == 400, response.text
+            assert _error_of(response)["type"] == "InvalidArgumentError"
+        assert _run(alice, sandbox_id, "print('still fine')")[0]["text"] == "still fine\n"
+    finally:
+        alice.delete(f"/v1/sandboxes/{sandbox_id}")

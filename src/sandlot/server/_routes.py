@@ -330,6 +330,19 @@ def _within_cell_ceiling(state: ServerState, tenant: str, timeout: float, defaul
     )
 
 
+def _check_text(*texts: str) -> None:
+    """Refuse a string no UTF-8 text holds: JSON may spell a lone surrogate
+    (``"\\ud800"``), which the audit trail and the sandbox cannot take, so the cell
+    would fail inside the server (a 500 in a 200 stream) instead of being a 400."""
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(
+                "the cell's code and environment must be Unicode text (no lone surrogates)"
+            ) from None
+
+
 async def execute(
     state: ServerState,
     principal: Principal,
@@ -345,6 +358,7 @@ async def execute(
     timeout = seconds(body.timeout) if body.timeout is not None else default_timeout
     timeout = _within_cell_ceiling(state, entry.tenant, timeout, body.timeout is None)
     envs = check_envs(body.env_vars)
+    _check_text(body.code, *envs, *envs.values())
     cell = state.manager.new_cell(entry, context)
     runner = CellRunner(
         manager=state.manager,
