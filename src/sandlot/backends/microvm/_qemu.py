@@ -169,7 +169,11 @@ def host_tsc_khz() -> int | None:
     return None
 
 
-def kernel_cmdline(spec: SandboxSpec, accel: str = "tcg", machine: str = "microvm") -> str:
+def kernel_cmdline(
+    spec: SandboxSpec, accel: str = "tcg", machine: str = "microvm", *, template: bool = False
+) -> str:
+    """``template``: the guest boots as a snapshot template (:mod:`._snapshot`): its
+    pid 1 keeps root until a restored copy has reseeded the kernel's random generator."""
     r = spec.resources
     clock = ""
     khz = host_tsc_khz() if accel == "tcg" and machine == "microvm" else None
@@ -185,6 +189,7 @@ def kernel_cmdline(spec: SandboxSpec, accel: str = "tcg", machine: str = "microv
         # No entropy wait, no devices probed that the VM does not have.
         "random.trust_cpu=on i8042.noaux i8042.nokbd i8042.nopnp "
         f"{clock}sandlot.disk_mb={disk} sandlot.tmp_mb={tmp}"
+        + (" sandlot.template=1" if template else "")
     )
 
 
@@ -198,13 +203,15 @@ def qemu_argv(
     channel_fd: int,
     accel: str,
     machine: str = "microvm",
+    template: bool = False,
 ) -> list[str]:
     """The QEMU command line for ``spec``: a ``microvm`` machine with no network device
     (no ``-nic``/``-netdev`` and ``-nodefaults``), the template's root filesystem on a
     read-only virtio-blk device, the protocol on a virtio-serial port backed by
     ``channel_fd`` (QEMU's end of a socketpair), the console on QEMU's stdout, and no
     monitor. ``accel``: ``kvm`` or ``tcg``. ``machine``: ``microvm`` (virtio-mmio, no
-    firmware) or ``q35`` (virtio-pci behind SeaBIOS); see :func:`default_machine`."""
+    firmware) or ``q35`` (virtio-pci behind SeaBIOS); see :func:`default_machine`.
+    ``template``: boot a snapshot template (:func:`kernel_cmdline`)."""
     if accel not in ("kvm", "tcg"):
         raise ValueError(f"accel must be 'kvm' or 'tcg': {accel!r}")
     if machine not in ("microvm", "q35"):
@@ -225,7 +232,7 @@ def qemu_argv(
         "-serial", "stdio",
         "-kernel", str(kernel),
         "-initrd", str(initrd),
-        "-append", kernel_cmdline(spec, accel, machine),
+        "-append", kernel_cmdline(spec, accel, machine, template=template),
         "-drive", f"id=root,file={image},format=raw,if=none,readonly=on",
         "-device", f"virtio-blk-{bus},drive=root",
         "-chardev", f"socket,id=channel,fd={channel_fd}",
