@@ -19,8 +19,13 @@ and protocol as under bwrap and Docker, so every SDK behaviour is the same.
   ``$SANDLOT_MICROVM_ACCEL=kvm|tcg`` forces either (``kvm`` fails closed if it does
   not work).
 * The host enforces time: killing the QEMU process destroys the whole sandbox.
-* Not yet: a network policy (refused: there is no egress path out of the VM), a warm
-  pool restored from a snapshot, ``usage()`` counters.
+* By default each VM is restored from a snapshot of a template VM that booted and
+  imported the data stack (:mod:`._snapshot`, made on first use), and gets its own
+  identity before it is ready: the host's entropy reseeds its kernel's generator, then
+  its pid 1 drops to uid 1000 and forks the default kernel (guest_boot.py). A warm
+  ``Pool`` on this backend keeps restored VMs ready.
+* Not yet: a network policy (refused: there is no egress path out of the VM),
+  ``usage()`` counters.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def prune(directory: Path, keep: Path) -> None:
         if old != keep:
             with contextlib.suppress(OSError):
                 old.unlink()
-                (directory / f".lock-{old.stem}").unlink()
+                (directory / f".lock-{old.stem.rsplit('-', 1)[-1]}").unlink()
 
 
 class QMP:
