@@ -191,7 +191,41 @@ OPT_IN_BACKENDS = frozenset({"microvm"})
 them (their own test modules run them regardless). CI runs the suites against microvm in
 a pass of their own (scripts/test.sh)."""
 
-MICROVM_LEFT_OUT: dict[str, str] = {}
+_BWRAP_LAYER = (
+    "asserts a layer of the bwrap sandbox (its seccomp filter or its mount layout); in a VM "
+    "the call or path reaches the guest's own kernel and root image, and the VM's own "
+    "escapes are tried in tests/microvm"
+)
+_TIME = "time: seconds of emulated CPU per test under TCG"
+MICROVM_LEFT_OUT: dict[str, str] = {
+    "test_seccomp_abi.py": _BWRAP_LAYER,
+    "test_privilege.py::test_syscall_is_refused": _BWRAP_LAYER,
+    "test_privilege.py::test_cannot_create_namespaces_or_mount": _BWRAP_LAYER,
+    "test_privilege.py::test_setuid_binaries_grant_nothing": (
+        "the guest image has no setuid binary left to try (the image build clears them)"
+    ),
+    "test_filesystem.py::test_host_directories_are_not_visible": _BWRAP_LAYER,
+    "test_filesystem.py::test_cannot_reach_the_host_through_proc_self_or_kernel_interfaces": (
+        _BWRAP_LAYER
+    ),
+    "test_network.py::test_only_loopback_and_no_name_resolution": _BWRAP_LAYER,
+    "test_network.py::test_raw_packet_and_netlink_sockets_are_refused": _BWRAP_LAYER,
+    "test_resources.py": _TIME + " (bombs and floods)",
+    "test_behaviour.py::test_command_timeout_kills_it_and_its_children": (
+        "a 1 s command timeout: under TCG the command's wrapper (a Python start in the "
+        "guest) takes most of that second before the command runs"
+    ),
+    "test_behaviour.py::test_memory_bomb_is_out_of_memory_and_sandbox_survives": _TIME,
+    "test_behaviour.py::test_fifty_megabyte_binary_round_trip": _TIME,
+    "test_behaviour.py::test_a_system_call_out_of_memory_is_out_of_memory_and_variables_stay": (
+        _TIME
+    ),
+    "test_commands.py": _TIME + " (a command starts a Python wrapper in the guest)",
+    "test_watch.py": _TIME,
+    "test_ipython.py": _TIME,
+    "test_bash_contexts.py": _TIME,
+    "test_file_metadata.py": _TIME,
+}
 """``module::test`` (or a whole ``module``) of the ``all_backends`` suites not run against
 microvm, with the reason (docs/microvm.md lists them): under TCG every instruction is
 emulated, so tests that spend seconds of CPU would put CI's added time over its budget.

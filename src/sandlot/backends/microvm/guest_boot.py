@@ -157,7 +157,7 @@ def drop_privileges() -> None:
         raise OSError("groups or no_new_privs are not as set")
 
 
-def template(lib: str) -> None:
+def template(lib: str, bootstrap: str) -> None:
     reader = os.fdopen(0, "rb", closefd=False)
     request = read_message(reader, "template")
     preload = [str(name) for name in request.get("preload") or []]
@@ -180,8 +180,11 @@ def template(lib: str) -> None:
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"sandlot guest: cannot give this VM a fresh identity: {exc}\n")
         sys.exit(70)
-    from sandlot.runner import _supervisor
+    from sandlot.runner import _processes, _supervisor
 
+    # What a cold VM's pid 1 shows (the supervisor's command line), not this script's.
+    python = sys.executable
+    _processes.set_cmdline([python, "-I", "-B", "-c", bootstrap, lib, "supervisor", "--stdio"])
     config = _supervisor.read_configuration(reader)
     if config is None:
         sys.exit(70)
@@ -192,7 +195,7 @@ def main() -> None:
     lib, bootstrap = sys.argv[1], sys.argv[2]
     wait_for_host()
     if sys.argv[3:] == ["--template"]:
-        template(lib)
+        template(lib, bootstrap)
         return
     python = sys.executable
     os.execv(python, [python, "-I", "-B", "-c", bootstrap, lib, "supervisor", "--stdio"])
