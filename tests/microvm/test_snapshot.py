@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from sandlot import Pool, Sandbox
+from sandlot import BackendUnavailable, Pool, Sandbox
 from sandlot.backends.microvm import MicroVMBackend
+from sandlot.backends.microvm._qemu import artifacts_dir
 from sandlot.backends.microvm._snapshot import snapshot_dir
+from sandlot.policy import SandboxSpec
 
 pytestmark = [pytest.mark.requires_microvm, pytest.mark.slow]
 
@@ -128,9 +130,7 @@ def test_the_snapshot_is_private_to_sandlots_user(twins: tuple[Sandbox, Sandbox]
 def test_a_snapshot_directory_others_can_write_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandlot import BackendUnavailable
-    from sandlot.policy import SandboxSpec
-
+    monkeypatch.setenv("SANDLOT_MICROVM_DIR", str(artifacts_dir()))  # the real artifacts
     monkeypatch.setenv("SANDLOT_CACHE_DIR", str(tmp_path))
     (tmp_path / "microvm-snapshots").mkdir(mode=0o777)
     (tmp_path / "microvm-snapshots").chmod(0o777)

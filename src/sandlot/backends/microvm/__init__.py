@@ -276,6 +276,9 @@ class MicroVMBackend(Backend):
             vm = _launch(
                 [*_with_channel(base, guest_sock), "-incoming", f"fd:{fd}"], (guest_sock, fd), accel
             )
+        except BaseException:
+            host_sock.close()
+            raise
         finally:
             os.close(fd)
         identity = {"type": "restore", "entropy": secrets.token_hex(RESTORE_ENTROPY)}
