@@ -2,7 +2,8 @@
 
 One VM serves the module (restored from the backend's snapshot, the default; one test
 boots cold); tests that kill a sandbox start their own. What is checked inside the VM
-is what makes sense for a VM: no network device (a connect fails), a read-only root file system, none of the host's files, and
+is what makes sense for a VM: no network device (a connect fails), a read-only root
+file system, none of the host's files, and
 processes that are the guest's, not the host's. Without QEMU or the guest image the
 backend refuses to start, naming scripts/setup-vm.sh (no VM needed to check that).
 """
