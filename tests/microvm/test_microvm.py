@@ -1,8 +1,9 @@
 """The microvm backend against real QEMU guests (TCG here; KVM where it boots).
 
-One VM serves the module (a cold TCG boot takes seconds); tests that kill a sandbox
-start their own. What is checked inside the VM is what makes sense for a VM: no network
-device (a connect fails), a read-only root file system, none of the host's files, and
+One VM serves the module (restored from the backend's snapshot, the default; one test
+boots cold); tests that kill a sandbox start their own. What is checked inside the VM
+is what makes sense for a VM: no network device (a connect fails), a read-only root
+file system, none of the host's files, and
 processes that are the guest's, not the host's. Without QEMU or the guest image the
 backend refuses to start, naming scripts/setup-vm.sh (no VM needed to check that).
 """
@@ -181,6 +182,13 @@ class TestInVM:
         assert uid == "1000"
         assert int(count) < 200
         assert os.getpid() > 0
+
+    def test_a_cold_boot_runs_code_as_uid_1000(self) -> None:
+        # snapshot=False: the VM boots (no saved state), its init drops to uid 1000.
+        with Sandbox(backend=MicroVMBackend(snapshot=False), timeout=600) as sandbox:
+            result = sandbox.run_code("import os\n(os.getuid(), 6 * 7)")
+            assert result.error is None, result.error
+            assert result.text == "(1000, 42)"
 
     def test_killing_the_sandbox_kills_qemu(self) -> None:
         sandbox = Sandbox(backend=MicroVMBackend(), timeout=600)

@@ -19,8 +19,13 @@ and protocol as under bwrap and Docker, so every SDK behaviour is the same.
   ``$SANDLOT_MICROVM_ACCEL=kvm|tcg`` forces either (``kvm`` fails closed if it does
   not work).
 * The host enforces time: killing the QEMU process destroys the whole sandbox.
-* Not yet: a network policy (refused: there is no egress path out of the VM), a warm
-  pool restored from a snapshot, ``usage()`` counters.
+* By default each VM is restored from a snapshot of a template VM that booted and
+  imported the data stack (:mod:`._snapshot`, made on first use), and gets its own
+  identity before it is ready: the host's entropy reseeds its kernel's generator, then
+  its pid 1 drops to uid 1000 and forks the default kernel (guest_boot.py). A warm
+  ``Pool`` on this backend keeps restored VMs ready.
+* Not yet: a network policy (refused: there is no egress path out of the VM),
+  ``usage()`` counters.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import collections
 import contextlib
 import functools
 import grp
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -49,6 +56,7 @@ from sandlot.backends import _hostids
 from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle, owner_alive
 from sandlot.backends._channel import ChannelHandle
 from sandlot.backends._runner_config import runner_config
+from sandlot.backends.microvm import _snapshot
 from sandlot.backends.microvm._qemu import (
     QEMU_ENV,
     SETUP_FIX,
@@ -159,12 +167,18 @@ class MicroVMBackend(Backend):
     name = "microvm"
     by_name_only = True
 
-    def __init__(self, *, egress: EgressProxy | None = None, machine: str = "auto") -> None:
+    def __init__(
+        self, *, egress: EgressProxy | None = None, machine: str = "auto", snapshot: bool = True
+    ) -> None:
         """``egress`` is accepted for the seam's sake; a network policy is refused.
         ``machine``: QEMU's ``microvm`` or ``q35``; ``auto`` (default) picks the faster
-        for the accelerator (:func:`._qemu.default_machine`)."""
+        for the accelerator (:func:`._qemu.default_machine`). ``snapshot`` (default):
+        restore each VM from a snapshot of one that booted and imported the data stack
+        (made on first use, :mod:`._snapshot`), each with fresh entropy and its own
+        configuration; False boots each VM cold."""
         self._egress = egress
         self.machine = machine
+        self.snapshot = snapshot
 
     @classmethod
     def probe(cls) -> Probe:
@@ -222,68 +236,196 @@ class MicroVMBackend(Backend):
                 f"microvm backend unavailable: {probe.reason}. Fix: {probe.fix}"
             )
         accel, _ = accelerator(qemu, artifacts)
+        machine = default_machine(accel) if self.machine == "auto" else self.machine
         image = artifacts.image(spec.template)
         initrd = sandbox_initrd(artifacts)
-        vm = uuid.uuid4().hex[:16]
-        # One end for this process, one for QEMU's character device behind the port.
-        host_sock, guest_sock = socket.socketpair()
-        # As root, QEMU runs as a host uid of its own (a guest that breaks out of QEMU's
-        # device emulation lands there), held until the VM is gone.
-        ids = _hostids.acquire() if os.geteuid() == 0 else None
-        argv = qemu_argv(
+        if self.snapshot:
+            template = _snapshot.template_spec(spec)
+            base = qemu_argv(
+                qemu, template, kernel=artifacts.kernel, initrd=initrd, image=image,
+                channel_fd=-1, accel=accel, machine=machine, template=True,
+            )  # fmt: skip
+            return self._restore(spec, self._snapshot_file(qemu, base, template, accel), base)
+        base = qemu_argv(
             qemu, spec, kernel=artifacts.kernel, initrd=initrd, image=image,
-            channel_fd=guest_sock.fileno(), accel=accel,
-            machine=default_machine(accel) if self.machine == "auto" else self.machine,
+            channel_fd=-1, accel=accel, machine=machine,
         )  # fmt: skip
-        argv += ["-name", f"{NAME_PREFIX}.{os.getpid()}.{vm}", "-sandbox", QEMU_SECCOMP]
-        user: dict[str, Any] = {}
-        if ids is not None:
-            uid, gid = ids.pair
-            groups = [grp.getgrnam("kvm").gr_gid] if accel == "kvm" else []
-            user = {"user": uid, "group": gid, "extra_groups": groups}
-        try:
-            process = subprocess.Popen(
-                argv,
-                env={"PATH": "/usr/bin:/bin"},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                pass_fds=(guest_sock.fileno(),),
-                close_fds=True,
-                start_new_session=True,
-                **user,
-            )
-        except (OSError, subprocess.SubprocessError, KeyError) as exc:
-            host_sock.close()
-            if ids is not None:
-                ids.release()
-            raise SandboxStartError(f"could not start QEMU: {exc}") from exc
-        finally:
-            guest_sock.close()
-        assert process.stdout is not None
-        tail = ConsoleTail(process.stdout)
+        host_sock, guest_sock = socket.socketpair()
+        vm = _launch(_with_channel(base, guest_sock), (guest_sock,), accel)
         try:
             _await_guest(host_sock, START_TIMEOUT)
         except SandboxStartError as exc:
-            process.kill()
-            process.wait()
             host_sock.close()
-            if ids is not None:
-                ids.release()
-            console = tail()
-            raise SandboxStartError(f"{exc}" + (f":\n{console}" if console else "")) from None
+            vm.stop()
+            raise SandboxStartError(f"{exc}{vm.console()}") from None
         config = runner_config(spec, channel_fd=0, cgroup_limits=False, envs=dict(spec.envs))
         with contextlib.suppress(OSError):  # reported by wait_ready with the console
             host_sock.sendall(encode({"type": "configure", "id": "configure", "config": config}))
+        return vm.handle(host_sock, spec)
+
+    def _restore(self, spec: SandboxSpec, state: Path, base: list[str]) -> SandboxHandle:
+        """A VM restored from ``state``, with an identity of its own before it is
+        ready: fresh entropy for its kernel's random generator, then its configuration
+        (guest_boot.py does the guest's part)."""
+        accel = base[base.index("-accel") + 1]
+        fd = os.open(state, os.O_RDONLY | os.O_CLOEXEC)  # QEMU reads it, cannot write it
+        with contextlib.suppress(OSError):
+            os.utime(fd)  # recently used (snapshot pruning keeps those)
+        host_sock, guest_sock = socket.socketpair()
+        try:
+            vm = _launch(
+                [*_with_channel(base, guest_sock), "-incoming", f"fd:{fd}"], (guest_sock, fd), accel
+            )
+        except BaseException:
+            host_sock.close()
+            raise
+        finally:
+            os.close(fd)
+        identity = {"type": "restore", "entropy": secrets.token_hex(RESTORE_ENTROPY)}
+        config = runner_config(spec, channel_fd=0, cgroup_limits=False, envs=dict(spec.envs))
+        with contextlib.suppress(OSError):  # reported by wait_ready with the console
+            host_sock.sendall(
+                json.dumps(identity).encode() + b"\n"
+                + encode({"type": "configure", "id": "configure", "config": config})
+            )  # fmt: skip
+        return vm.handle(host_sock, spec)
+
+    def _snapshot_file(self, qemu: str, base: list[str], template: SandboxSpec, accel: str) -> Path:
+        """The snapshot for the template VM ``base`` describes; made (once, under a lock)
+        if there is none yet: a cold boot, the imports, the save."""
+        directory = _snapshot.snapshot_dir()
+        key = _snapshot.snapshot_key(qemu, base, template.preload)
+        state = directory / f"{template.template}-{key}.state"
+        if state.is_file():
+            return state
+        with _snapshot.locked(directory, key):
+            if state.is_file():
+                return state
+            partial = state.with_name(f"{state.name}.{os.getpid()}.tmp")
+            try:
+                _make_snapshot(base, template, accel, partial)
+                partial.replace(state)
+            finally:
+                with contextlib.suppress(OSError):
+                    partial.unlink()
+            _snapshot.prune(directory, state)
+        return state
+
+    def pool_key(self) -> tuple[object, ...]:
+        return (self.name, self.machine, self.snapshot, os.environ.get(ACCEL_ENV, ""))
+
+
+RESTORE_ENTROPY = 64
+"""Bytes of the host's entropy a restored VM's kernel reseeds its generator from."""
+
+
+def _with_channel(base: list[str], guest_sock: socket.socket) -> list[str]:
+    """``base`` with QEMU's end of the channel socketpair in place of the placeholder."""
+    return [
+        f"socket,id=channel,fd={guest_sock.fileno()}"
+        if a.startswith("socket,id=channel,fd=")
+        else a
+        for a in base
+    ]
+
+
+class _VM:
+    """A QEMU process just started: its console, its host ids (as root)."""
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], vm: str, ids: _hostids.HostIds | None
+    ) -> None:
+        self.process = process
+        self.vm = vm
+        self.ids = ids
+        assert process.stdout is not None
+        self.tail = ConsoleTail(process.stdout)
+
+    def console(self) -> str:
+        console = self.tail()
+        return f":\n{console}" if console else ""
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        if self.ids is not None:
+            self.ids.release()
+
+    def handle(self, host_sock: socket.socket, spec: SandboxSpec) -> MicroVMHandle:
         handle = MicroVMHandle(
-            host_sock, process, vm=vm, ids=ids, stderr_tail=tail,
+            host_sock, self.process, vm=self.vm, ids=self.ids, stderr_tail=self.tail,
             exit_reason=_exit_reason, resources=spec.resources,
         )  # fmt: skip
         handle.wait_ready(START_TIMEOUT)
         return handle
 
-    def pool_key(self) -> tuple[object, ...]:
-        return (self.name, self.machine, os.environ.get(ACCEL_ENV, ""))
+
+def _launch(argv: list[str], keep: tuple[socket.socket | int, ...], accel: str) -> _VM:
+    """Start QEMU with ``argv`` (plus its name and seccomp filter), passing it the
+    descriptors in ``keep`` (QEMU's ends of socketpairs are closed here once passed).
+    As root, QEMU runs as a host uid of its own (a guest that breaks out of QEMU's
+    device emulation lands there), held until the VM is gone."""
+    vm = uuid.uuid4().hex[:16]
+    argv = [*argv, "-name", f"{NAME_PREFIX}.{os.getpid()}.{vm}", "-sandbox", QEMU_SECCOMP]
+    fds = tuple(k if isinstance(k, int) else k.fileno() for k in keep)
+    ids = _hostids.acquire() if os.geteuid() == 0 else None
+    user: dict[str, Any] = {}
+    if ids is not None:
+        uid, gid = ids.pair
+        groups = [grp.getgrnam("kvm").gr_gid] if accel == "kvm" else []
+        user = {"user": uid, "group": gid, "extra_groups": groups}
+    try:
+        process = subprocess.Popen(
+            argv,
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=fds,
+            close_fds=True,
+            start_new_session=True,
+            **user,
+        )
+    except (OSError, subprocess.SubprocessError, KeyError) as exc:
+        if ids is not None:
+            ids.release()
+        raise SandboxStartError(f"could not start QEMU: {exc}") from exc
+    finally:
+        for k in keep:
+            if isinstance(k, socket.socket):
+                k.close()
+    return _VM(process, vm, ids)
+
+
+def _make_snapshot(base: list[str], template: SandboxSpec, accel: str, out: Path) -> None:
+    """Boot the template VM ``base`` describes, have it import ``template.preload``,
+    and save it into ``out`` (:mod:`._snapshot`)."""
+    host_sock, guest_sock = socket.socketpair()
+    qmp_host, qmp_guest = socket.socketpair()
+    monitor = [
+        "-chardev",
+        f"socket,id=qmp,fd={qmp_guest.fileno()}",
+        "-mon",
+        "chardev=qmp,mode=control",
+    ]
+    vm = _launch([*_with_channel(base, guest_sock), *monitor], (guest_sock, qmp_guest), accel)
+    try:
+        _await_guest(host_sock, START_TIMEOUT)
+        request = {"type": "template", "preload": list(template.preload)}
+        host_sock.sendall(json.dumps(request).encode() + b"\n")
+        _await_line(host_sock, TEMPLATE_READY, START_TIMEOUT)
+        _snapshot.save(_snapshot.QMP(qmp_host, START_TIMEOUT), out)
+    except (SandboxStartError, OSError, ValueError) as exc:
+        raise SandboxStartError(
+            f"could not make the microvm snapshot: {exc}{vm.console()}"
+        ) from None
+    finally:
+        vm.stop()
+        host_sock.close()
+        qmp_host.close()
+
+
+TEMPLATE_READY = b'{"type": "template-ready"}\n'
 
 
 GUEST_UP = b"sandlot-guest-up\n"
@@ -293,11 +435,16 @@ def _await_guest(sock: socket.socket, timeout: float) -> None:
     """Wait for the guest init's line saying the channel port is open in the guest
     (what the host sends before that, the guest kernel drops). EOF: QEMU is gone (it
     holds the other end of the socketpair)."""
+    _await_line(sock, GUEST_UP, timeout)
+
+
+def _await_line(sock: socket.socket, line: bytes, timeout: float) -> None:
+    """Read exactly ``line`` from ``sock`` (nothing more: what follows is the runner's)."""
     sock.settimeout(timeout)
     got = b""
     try:
-        while not got.endswith(b"\n") and len(got) <= len(GUEST_UP):
-            chunk = sock.recv(len(GUEST_UP) - len(got) or 1)
+        while not got.endswith(b"\n") and len(got) <= len(line):
+            chunk = sock.recv(len(line) - len(got) or 1)
             if not chunk:
                 raise SandboxStartError("the sandbox's VM exited while booting")
             got += chunk
@@ -305,8 +452,8 @@ def _await_guest(sock: socket.socket, timeout: float) -> None:
         raise SandboxStartError(f"the sandbox's VM did not boot within {timeout:g} s") from None
     finally:
         sock.settimeout(None)
-    if got != GUEST_UP:
-        raise SandboxStartError(f"the sandbox's VM sent {got[:64]!r} instead of its boot line")
+    if got != line:
+        raise SandboxStartError(f"the sandbox's VM sent {got[:64]!r} instead of {line!r}")
 
 
 def _exit_reason(code: int) -> str:

@@ -19,10 +19,12 @@ for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_p
 done
 disk_mb=1024
 tmp_mb=256
+template=0
 for word in $(cat /proc/cmdline); do
   case "$word" in
     sandlot.disk_mb=*) disk_mb=${word#*=} ;;
     sandlot.tmp_mb=*) tmp_mb=${word#*=} ;;
+    sandlot.template=1) template=1 ;;
   esac
 done
 # Drivers probe as they load; the devices' nodes may lag a moment (bounded). The
@@ -63,6 +65,17 @@ mount -t tmpfs -o "size=64m,mode=1777,nosuid,nodev" shm /newroot/dev/shm
 mount -t devpts -o "nosuid,noexec" devpts /newroot/dev/pts
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
+if [ "$template" = 1 ]; then
+  # A snapshot template (backends/microvm/_snapshot.py): pid 1 stays root, with no
+  # effective capabilities while it imports the data stack, so that each copy restored
+  # from the snapshot can reseed the kernel's random generator with the host's entropy
+  # before guest_boot.py drops to uid 1000 exactly as setpriv does below. No user code
+  # runs before that.
+  exec switch_root /newroot /usr/bin/env -i PATH=/opt/sandlot/template/env/bin:/usr/local/bin:/usr/bin:/bin \
+    HOME=/home/user LANG=C.UTF-8 \
+    /opt/sandlot/template/env/bin/python -I -B /opt/sandlot/lib/guest_boot.py \
+    /opt/sandlot/lib "$(cat /sandlot-lib/bootstrap.py)" --template
+fi
 exec switch_root /newroot /usr/bin/setpriv --reuid=1000 --regid=1000 --clear-groups \
   --inh-caps=-all --bounding-set=-all --no-new-privs \
   /usr/bin/env -i PATH=/opt/sandlot/template/env/bin:/usr/local/bin:/usr/bin:/bin \
