@@ -11,21 +11,19 @@ that it takes only its own sandboxes.
 from __future__ import annotations
 
 import concurrent.futures
-import glob
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from _postgres import postgres
 
 pytestmark = [
     pytest.mark.requires_ray,
@@ -41,30 +39,10 @@ WAIT = 120.0
 
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    bindir = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1])
-    # Not under pytest's tmp_path: PostgreSQL refuses to run as root, and its user
-    # must be able to reach the directory.
-    base = Path(tempfile.mkdtemp(prefix="pg-ray-"))
-    base.chmod(0o755)
-    as_user: list[str] = []
-    if os.getuid() == 0:
-        as_user = ["runuser", "-u", "postgres", "--"]
-        shutil.chown(base, "postgres", "postgres")
-    data, sock = base / "data", base / "sock"
-
-    def run(*argv: str | Path) -> None:
-        subprocess.run([*as_user, *map(str, argv)], check=True, capture_output=True, timeout=120)
-
-    run("mkdir", sock)
-    run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "sandlot")
-    options = f"-k {sock} -c listen_addresses='' -c max_connections=300 -c fsync=off"
-    run(bindir / "pg_ctl", "-D", data, "-o", options, "-l", base / "log", "-w", "start")
-    try:
-        run(bindir / "createdb", "-h", sock, "-U", "sandlot", "sandlot")
-        yield f"postgresql+psycopg://sandlot@/sandlot?host={sock}"
-    finally:
-        run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
-        shutil.rmtree(base, ignore_errors=True)
+    with postgres(
+        "sandlot", prefix="pg-ray-", settings="-c max_connections=300 -c fsync=off"
+    ) as url:
+        yield url
 
 
 def _free_port() -> int:

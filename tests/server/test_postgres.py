@@ -3,19 +3,15 @@ cluster on a unix socket), including a SIGKILL and restart."""
 
 from __future__ import annotations
 
-import glob
 import json
-import os
-import shutil
 import signal
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from _postgres import postgres
 from _server_harness import ServerProcess
 
 pytestmark = [
@@ -28,30 +24,8 @@ pytestmark = [
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
-    bindir = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1])
-    # Not under pytest's tmp_path: PostgreSQL refuses to run as root, and its user
-    # must be able to reach the directory.
-    base = Path(tempfile.mkdtemp(prefix="pg-test-"))
-    base.chmod(0o755)
-    as_user: list[str] = []
-    if os.getuid() == 0:
-        as_user = ["runuser", "-u", "postgres", "--"]
-        shutil.chown(base, "postgres", "postgres")
-    data, sock = base / "data", base / "sock"
-
-    def run(*argv: str | Path) -> None:
-        subprocess.run([*as_user, *map(str, argv)], check=True, capture_output=True, timeout=120)
-
-    run("mkdir", sock)
-    run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "sandlot")
-    options = f"-k {sock} -c listen_addresses='' -c fsync=on"
-    run(bindir / "pg_ctl", "-D", data, "-o", options, "-l", base / "log", "-w", "start")
-    try:
-        run(bindir / "createdb", "-h", sock, "-U", "sandlot", "audit")
-        yield f"postgresql+psycopg://sandlot@/audit?host={sock}"
-    finally:
-        run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
-        shutil.rmtree(base, ignore_errors=True)
+    with postgres("audit", prefix="pg-test-", settings="-c fsync=on") as url:
+        yield url
 
 
 def test_audit_and_keys_on_postgresql_survive_a_crash(postgres_url: str, tmp_path: Path) -> None:

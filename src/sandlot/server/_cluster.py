@@ -19,7 +19,6 @@ released whoever notices first. Nothing here imports Ray: the Ray side
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -128,22 +127,11 @@ class ClusterStore(Store):
         """Only this node's: another node's sandboxes are alive on their own node."""
         if self.node is None:
             return super().unfinished_recovery_tokens()
-        query = (
-            sa.select(sandbox_recovery.c.backend, sandbox_recovery.c.token)
-            .join(sandboxes, sandboxes.c.sandbox_id == sandbox_recovery.c.sandbox_id)
+        return self._recovery_tokens(
+            self._open_recovery_rows()
             .join(sandbox_nodes, sandbox_nodes.c.sandbox_id == sandbox_recovery.c.sandbox_id)
-            .where(sandboxes.c.ended_at.is_(None), sandbox_nodes.c.node_id == self.node.node_id)
+            .where(sandbox_nodes.c.node_id == self.node.node_id)
         )
-        found = []
-        with self.engine.connect() as conn:
-            for backend, text in conn.execute(query):
-                try:
-                    token = json.loads(text)
-                except ValueError:
-                    continue
-                if isinstance(token, dict):
-                    found.append((str(backend), token))
-        return found
 
     def close_orphans(self) -> tuple[int, int]:
         """Only this node's leftovers: every other node's sandboxes live on."""

@@ -487,11 +487,20 @@ class Store:
     def unfinished_recovery_tokens(self) -> list[tuple[str, dict[str, Any]]]:
         """(backend, recovery token) of every sandbox still open (the previous server
         crashed); rows whose token is not a JSON object are skipped."""
-        query = (
+        return self._recovery_tokens(self._open_recovery_rows())
+
+    @staticmethod
+    def _open_recovery_rows() -> sa.Select[tuple[Any, Any]]:
+        """(backend, token) of the sandboxes still open (a subclass narrows it)."""
+        return (
             sa.select(sandbox_recovery.c.backend, sandbox_recovery.c.token)
             .join(sandboxes, sandboxes.c.sandbox_id == sandbox_recovery.c.sandbox_id)
             .where(sandboxes.c.ended_at.is_(None))
         )
+
+    def _recovery_tokens(
+        self, query: sa.Select[tuple[Any, Any]]
+    ) -> list[tuple[str, dict[str, Any]]]:
         found = []
         with self.engine.connect() as conn:
             for backend, text in conn.execute(query):
