@@ -44,7 +44,7 @@ from starlette.types import Message, Receive, Scope, Send
 import sandlot
 from sandlot.server._cluster import ClusterStore, NodeRef, Placement
 from sandlot.server._e2b_control import _token
-from sandlot.server._manager import ApiError
+from sandlot.server._manager import ApiError, effective_quotas
 from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._state import api_key_of
 from sandlot.server._store import Principal
@@ -360,13 +360,7 @@ class FrontDoor:
         return int(ceiling or 0)
 
     def _quotas(self, tenant: str) -> Quotas:
-        own = self.store.tenant_quotas(tenant)
-        default = self.settings.quotas
-        return Quotas(
-            max_sandboxes=own.max_sandboxes or default.max_sandboxes,
-            creates_per_minute=own.creates_per_minute or default.creates_per_minute,
-            max_memory_mb=own.max_memory_mb or default.max_memory_mb,
-        )
+        return effective_quotas(self.store, self.settings.quotas, tenant)
 
     async def _call(
         self, node: NodeRef, scope: Scope, body: bytes

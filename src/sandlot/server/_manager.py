@@ -316,13 +316,7 @@ class SandboxManager:
         return float(timeout)
 
     def _quotas(self, tenant: str) -> Quotas:
-        own = self.store.tenant_quotas(tenant)
-        default = self.settings.quotas
-        return Quotas(
-            max_sandboxes=own.max_sandboxes or default.max_sandboxes,
-            creates_per_minute=own.creates_per_minute or default.creates_per_minute,
-            max_memory_mb=own.max_memory_mb or default.max_memory_mb,
-        )
+        return effective_quotas(self.store, self.settings.quotas, tenant)
 
     def _reserve(self, tenant: str, memory_mb: int) -> None:
         quotas = self._quotas(tenant)
@@ -577,3 +571,14 @@ def _recovery(sandbox: Sandbox) -> tuple[str | None, RecoveryToken | None]:
     if not isinstance(backend, Backend) or not isinstance(handle, SandboxHandle):
         return None, None
     return backend.name, handle.recovery_token()
+
+
+def effective_quotas(store: Store, default: Quotas, tenant: str) -> Quotas:
+    """The tenant's own quotas where it has them, else the server's (shared by the
+    single-machine manager and the cluster's front door)."""
+    own = store.tenant_quotas(tenant)
+    return Quotas(
+        max_sandboxes=own.max_sandboxes or default.max_sandboxes,
+        creates_per_minute=own.creates_per_minute or default.creates_per_minute,
+        max_memory_mb=own.max_memory_mb or default.max_memory_mb,
+    )
