@@ -339,7 +339,9 @@ class LocalCore:
             cpu = after.cpu_seconds
             if cpu is not None and before is not None and before.cpu_seconds is not None:
                 cpu = max(0.0, cpu - before.cpu_seconds)
-            execution.usage = dataclasses.replace(after, cpu_seconds=cpu)
+            execution.usage = ResourceUsage(  # (dataclasses.replace: twice as slow)
+                after.memory_peak_bytes, after.memory_limit_bytes, after.oom_kills, cpu, after.pids
+            )
             if _oom_since(before, after):
                 _report_oom(execution, after, after.oom_kills - (before.oom_kills if before else 0))
         return execution

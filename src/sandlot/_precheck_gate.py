@@ -7,6 +7,7 @@ code, so it runs in the caller's process either way).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -68,7 +69,7 @@ class PrecheckPolicy:
         Only Python is checked: a bash cell gets no report (it is a shell by intent)."""
         if self.mode == "off" or language != "python":
             return code, None, None
-        report = check(code, allowed_imports=self.allowed_imports)
+        report = _check(code, self.allowed_imports)
         if not report.flagged or self.mode == "report":
             return code, report, None
         if self.mode == "refuse":
@@ -82,6 +83,24 @@ class PrecheckPolicy:
             return verdict, check(verdict, allowed_imports=self.allowed_imports), None
         # False, or anything that is not a clear yes (fail closed).
         return code, report, refused(report, f"on_precheck answered {verdict!r}")
+
+
+CACHED_CELL_CHARS = 4096
+"""Cells up to this long have their report remembered (:func:`_check`)."""
+
+
+def _check(code: str, allowed_imports: frozenset[str] | None) -> PrecheckReport:
+    """:func:`check`, remembered for the last few hundred short cells: a report is
+    immutable and depends on nothing but its arguments, and agents send the same small
+    cells again and again (parsing one costs about ten microseconds of every cell)."""
+    if len(code) > CACHED_CELL_CHARS:
+        return check(code, allowed_imports=allowed_imports)
+    return _check_cached(code, allowed_imports)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_cached(code: str, allowed_imports: frozenset[str] | None) -> PrecheckReport:
+    return check(code, allowed_imports=allowed_imports)
 
 
 def refused(report: PrecheckReport, reason: str) -> Execution:

@@ -16,7 +16,7 @@ import heapq
 import itertools
 import json
 import os
-import selectors
+import select
 import signal
 import socket
 import subprocess
@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Set, Tuple
 
-from sandlot.protocol import MAX_LINE_BYTES, encode
+from sandlot.protocol import MAX_LINE_BYTES, encode, loads
 from sandlot.runner import BOOTSTRAP
 from sandlot.runner._processes import Forked, Processes, set_cmdline, signal_all
 
@@ -183,11 +183,19 @@ class OutputBudget:
         self.dropped = True
         self.supervisor.send({"type": "stderr", "id": self.rid, "text": text})
 
-    def result(self, message: Dict[str, Any]) -> None:
+    def result(self, message: Dict[str, Any], line_bytes: Optional[int] = None) -> None:
+        """Forward a result within the cell's limits. ``line_bytes``: the size of the
+        line it came in; ``json.dumps`` of its data is at most three times that (a
+        UTF-8 byte becomes at most three ASCII-escaped characters), so a result whose
+        line is that small is not serialised again only to be measured."""
         limit = self.supervisor.max_results
         size_limit = self.supervisor.result_bytes
         # Size first: an oversized result is dropped without taking one of the slots.
-        if size_limit is not None and len(json.dumps(message["data"])) > size_limit:
+        if (
+            size_limit is not None
+            and (line_bytes is None or 3 * line_bytes > size_limit)
+            and len(json.dumps(message["data"])) > size_limit
+        ):
             self.note("[sandlot: a result larger than %d bytes was dropped]\n" % size_limit)
             return
         with self.lock:
@@ -315,10 +323,14 @@ class KernelProcess:
     def listen(
         self, proc: "subprocess.Popen[bytes]", sock: socket.socket, out_r: int, err_r: int
     ) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(sock, selectors.EVENT_READ, "sock")
-        selector.register(out_r, selectors.EVENT_READ, "stdout")
-        selector.register(err_r, selectors.EVENT_READ, "stderr")
+        # poll() itself, not selectors: one wake-up per kernel event, and the selectors
+        # layer cost microseconds of every one.
+        poller = select.poll()
+        sock_fd = sock.fileno()
+        poller.register(sock_fd, select.POLLIN)
+        poller.register(out_r, select.POLLIN)
+        poller.register(err_r, select.POLLIN)
+        kinds = {out_r: "stdout", err_r: "stderr"}
         # A partial line; bytes are appended and only new data is scanned for the newline,
         # so a huge line costs linear time (it used to be quadratic: a 64 MB print took
         # the cell past its timeout). A line past the protocol limit is dropped.
@@ -326,21 +338,25 @@ class KernelProcess:
         overlong = False
         open_pipes = {out_r, err_r}
         sock_open = True
+        batch = self.supervisor.batched()  # a result and its exit: one write
         while sock_open:
-            for key, _ in selector.select():
-                if key.data == "sock":
+            for fd, _ in poller.poll():
+                if fd == sock_fd:
                     data = sock.recv(1 << 20)
                     if not data:
                         sock_open = False
                         break
                     *lines, rest = data.split(b"\n")
-                    with self.supervisor.batched():  # a result and its exit: one write
-                        for line in lines:
-                            if not overlong:
-                                pending += line
-                                self.on_kernel_event(bytes(pending), out_r, err_r, open_pipes)
-                            pending = bytearray()
-                            overlong = False
+                    if lines:
+                        with batch:
+                            for line in lines:
+                                if not overlong:
+                                    if pending:
+                                        pending += line
+                                        line = bytes(pending)
+                                    self.on_kernel_event(line, out_r, err_r, open_pipes)
+                                pending = bytearray()
+                                overlong = False
                     if not overlong:
                         pending += rest
                     if len(pending) > MAX_LINE_BYTES:
@@ -350,16 +366,14 @@ class KernelProcess:
                         if cell is not None and not cell.done.is_set():
                             cell.budget.cut()
                 else:
-                    fd = key.fd
-                    self.read_pipe(fd, key.data, selector, open_pipes)
-        selector.close()
+                    self.read_pipe(fd, kinds[fd], poller, open_pipes)
         for fd in (out_r, err_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
         sock.close()
         self.on_kernel_gone(proc)
 
-    def read_pipe(self, fd: int, kind: str, selector: Any, open_pipes: Set[int]) -> None:
+    def read_pipe(self, fd: int, kind: str, poller: Any, open_pipes: Set[int]) -> None:
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
@@ -367,7 +381,7 @@ class KernelProcess:
         except OSError:
             data = b""
         if not data:
-            selector.unregister(fd)
+            poller.unregister(fd)
             open_pipes.discard(fd)
             return
         cell = self.cell
@@ -376,7 +390,10 @@ class KernelProcess:
 
     def drain_pipes(self, open_pipes: Set[int]) -> None:
         """Forward whatever is already in the stdout/stderr pipes (before an exit)."""
-        for fd in list(open_pipes):  # non-blocking (see launch)
+        poller = select.poll()  # one system call finds the (usual) nothing to drain
+        for fd in open_pipes:
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(0):  # non-blocking (see launch)
             while True:
                 try:
                     data = os.read(fd, 65536)
@@ -395,8 +412,8 @@ class KernelProcess:
                 self.preloaded.set()
             return
         try:
-            message = json.loads(line)
-        except ValueError:
+            message = loads(line)
+        except (ValueError, RecursionError):
             return
         if not isinstance(message, dict) or message.get("id") != cell.rid:
             return
@@ -404,7 +421,7 @@ class KernelProcess:
         if kind in ("stdout", "stderr") and isinstance(message.get("text"), str):
             cell.budget.text(kind, message["text"])
         elif kind == "result":
-            cell.budget.result(message)
+            cell.budget.result(message, len(line))
         elif kind == "error":
             if cell.timed_out and message.get("name") == "KeyboardInterrupt":
                 message = self.timeout_error(cell, restarted=False)
@@ -503,12 +520,15 @@ class KernelProcess:
         finally:
             self.sent(cell)
 
-    def try_begin(self, request: Dict[str, Any]) -> Optional[Cell]:
+    def try_begin(self, request: Dict[str, Any], data: Optional[bytes] = None) -> Optional[Cell]:
         """Start a cell only if that cannot block (the kernel idle, in place, and the
         message small): the caller is the thread that reads the host channel. If the
         kernel did not take all of it, :meth:`send_rest` must follow on a worker.
-        None: nothing was done."""
-        data = self.message(request)
+        ``data``: the host's ``execute`` line, which the kernel takes as it is (it
+        reads ``id``, ``code``, ``envs`` and ``silent``; the rest is the supervisor's);
+        None: :meth:`message` makes one. None: nothing was done."""
+        if data is None:
+            data = self.message(request)
         if len(data) > INLINE_BYTES or not self.exec_lock.acquire(blocking=False):
             return None
         if not self.state_lock.acquire(blocking=False):  # the kernel is being replaced

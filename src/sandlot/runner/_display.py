@@ -77,8 +77,16 @@ def _encode(mime: str, value: Any) -> Any:
     return value
 
 
+_PLAIN = frozenset({int, float, bool, complex, str, bytes, list, tuple, dict, set, frozenset})
+"""Built-in types (exactly these, not subclasses) that have no rich representation: their
+bundle is their repr, made without looking for a dozen ``_repr_*_`` methods first (the
+common ``1 + 1`` result; attributes cannot be added to built-in types)."""
+
+
 def mimebundle(obj: Any) -> Dict[str, Any]:
     """Return the MIME bundle for ``obj`` (always has ``text/plain``)."""
+    if type(obj) in _PLAIN:
+        return {"text/plain": _safe_repr(obj)}
     bundle: Dict[str, Any] = {}
     method = getattr(obj, "_repr_mimebundle_", None)
     if callable(method) and not isinstance(obj, type):

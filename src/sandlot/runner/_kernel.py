@@ -39,7 +39,7 @@ import traceback
 import types
 from typing import Any, Dict, List, Optional, Set
 
-from sandlot.protocol import encode
+from sandlot.protocol import encode, loads
 from sandlot.runner import _bash, _display, _limits, _shell
 
 FLUSH_INTERVAL = 0.05
@@ -74,7 +74,7 @@ class Channel:
         line = self.reader.readline()
         if not line:
             return None
-        message = json.loads(line)
+        message = loads(line)
         return message if isinstance(message, dict) else None
 
 
@@ -386,8 +386,9 @@ class Kernel:
         self.current_id = str(request.get("id"))
         envs = request.get("envs") or {}
         saved_env = {key: os.environ.get(key) for key in envs}
-        os.environ.update({str(k): str(v) for k, v in envs.items()})
-        self.cell_envs = {str(k): str(v) for k, v in envs.items()}
+        if envs or self.cell_envs:
+            self.cell_envs = {str(k): str(v) for k, v in envs.items()}
+            os.environ.update(self.cell_envs)
         status = "ok"
         try:
             self.in_cell = True

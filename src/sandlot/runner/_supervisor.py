@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sandlot.protocol import (
     CHUNK_BYTES,
@@ -142,22 +142,12 @@ class Supervisor:
                 sys.stderr.write("sandlot runner: host channel closed: %r\n" % (exc,))
                 os._exit(0)  # the host is gone; so is the sandbox
 
-    @contextlib.contextmanager
-    def batched(self) -> Iterator[None]:
+    def batched(self) -> "Batch":
         """Messages this thread sends inside the block go to the host in one write at
         its end (or every :data:`BATCH_BYTES`): a kernel's result and exit, read
-        together, then wake the host once. Other threads' messages are not held."""
-        if getattr(self.batches, "parts", None) is not None:
-            yield  # nested: the outer block writes
-            return
-        parts: List[bytes] = []
-        self.batches.parts, self.batches.size = parts, 0
-        try:
-            yield
-        finally:
-            self.batches.parts = None
-            if parts:
-                self.write(b"".join(parts))
+        together, then wake the host once. Other threads' messages are not held.
+        The block may be entered again (and nested); a kernel's listener keeps one."""
+        return Batch(self)
 
     def reply(self, rid: str, value: Any = None) -> None:
         self.send({"type": "reply", "id": rid, "ok": True, "value": value})
@@ -185,12 +175,15 @@ class Supervisor:
             except ProtocolViolation as exc:
                 sys.stderr.write("sandlot runner: bad request: %s\n" % exc)
                 continue
-            if request["type"] == "shutdown":
+            kind = request["type"]
+            if kind == "shutdown":
                 break
-            dispatch = functools.partial(self.dispatch, request)
-            task = self.start_cell(request, dispatch) if request["type"] == "execute" else dispatch
-            if task is None:
-                continue
+            if kind == "execute":
+                task = self.start_cell(request, line)
+                if task is None:
+                    continue  # with its kernel already
+            else:
+                task = functools.partial(self.dispatch, request)
             try:
                 self.workers.submit(task)
             except RuntimeError:
@@ -199,17 +192,18 @@ class Supervisor:
                 task()
         self.shutdown()
 
-    def start_cell(
-        self, request: Dict[str, Any], otherwise: Callable[[], None]
-    ) -> Optional[Callable[[], None]]:
+    def start_cell(self, request: Dict[str, Any], line: bytes) -> Optional[Callable[[], None]]:
         """Hand a cell to an idle kernel right here, on the thread that read it: no
-        worker wakes between the host's request and the kernel. Returns what is left
-        for a worker: nothing; the rest of a message the kernel did not take; or, when
-        the cell must wait (or needs a kernel started), ``otherwise``."""
+        worker wakes between the host's request and the kernel. ``line``: the request
+        as it came (checked by ``decode``), which the kernel is sent as it is. Returns
+        what is left for a worker: nothing; the rest of a message the kernel did not
+        take; or, when the cell must wait (or needs a kernel started), its
+        :meth:`dispatch`."""
         kernel = self.kernels.get(request["context"])
-        cell = None if kernel is None else kernel.try_begin(request)
+        whole = line if line.endswith(b"\n") else None  # (the channel's last, cut line)
+        cell = None if kernel is None else kernel.try_begin(request, whole)
         if kernel is None or cell is None:
-            return otherwise
+            return functools.partial(self.dispatch, request)
         return functools.partial(kernel.send_rest, cell) if cell.unsent else None
 
     def dispatch(self, request: Dict[str, Any]) -> None:
@@ -523,6 +517,31 @@ class Supervisor:
 
     def on_fs_watch_stop(self, request: Dict[str, Any]) -> None:
         self.watches.stop(request)
+
+
+class Batch:
+    """The context manager of :meth:`Supervisor.batched` (a class: a generator-based
+    one cost microseconds of every kernel event)."""
+
+    __slots__ = ("supervisor",)
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def __enter__(self) -> None:
+        local = self.supervisor.batches
+        if getattr(local, "parts", None) is None:
+            local.parts, local.size, local.depth = [], 0, 1
+        else:
+            local.depth += 1  # nested: the outermost block writes
+
+    def __exit__(self, *exc: Any) -> None:
+        local = self.supervisor.batches
+        local.depth -= 1
+        if local.depth == 0:
+            parts, local.parts = local.parts, None
+            if parts:
+                self.supervisor.write(b"".join(parts))
 
 
 class Workers:
