@@ -355,3 +355,31 @@ def test_figure_bundle() -> None:
     chart = bundle[CHART_MIME]
     assert chart["type"] == "line" and chart["title"] == "T"
     assert chart["elements"][0]["points"] == [[1, 4], [2, 5], [3, 6]]
+
+
+PLAIN_VALUES = [2, 2.5, True, 1j, "x\udcff", b"\x00", [1, "a"], (1,), {"a": {1}}, {1}, frozenset()]
+
+
+@pytest.mark.parametrize("value", PLAIN_VALUES, ids=range(len(PLAIN_VALUES)))
+def test_plain_builtin_values_are_their_repr(value: Any) -> None:
+    assert mimebundle(value) == {"text/plain": repr(value)}
+
+
+def test_plain_values_keep_the_repr_limit() -> None:
+    text = mimebundle("a" * (TEXT_LIMIT + 10))["text/plain"]
+    assert text.startswith("'aaa") and "repr truncated" in text
+
+
+def test_subclasses_of_builtins_still_get_their_rich_forms() -> None:
+    """The shortcut is for the built-in types themselves, never for a subclass."""
+
+    class Html(int):
+        def _repr_html_(self) -> str:
+            return "<i>3</i>"
+
+    class Bundle(list):  # type: ignore[type-arg]
+        def _repr_mimebundle_(self) -> dict[str, Any]:
+            return {"text/markdown": "*x*"}
+
+    assert mimebundle(Html(3)) == {"text/html": "<i>3</i>", "text/plain": "3"}
+    assert mimebundle(Bundle())["text/markdown"] == "*x*"

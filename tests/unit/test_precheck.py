@@ -352,3 +352,17 @@ def test_async_sandbox_policy_with_an_async_hook() -> None:
             await sbx.kill()
 
     asyncio.run(main())
+
+
+def test_the_sdk_remembers_reports_of_short_cells_only_by_their_arguments() -> None:
+    from sandlot import _precheck_gate as gate
+
+    code = "import subprocess\nsubprocess.run('ls')"
+    first = gate._check(code, None)
+    assert first == check(code) and first.flagged
+    assert gate._check(code, None) is first  # remembered
+    allowed = gate._check(code, frozenset({"subprocess"}))
+    assert allowed == check(code, allowed_imports=frozenset({"subprocess"}))
+    long_code = code + "\n" + "#" * gate.CACHED_CELL_CHARS
+    assert gate._check(long_code, None) == check(long_code)
+    assert gate._check(long_code, None) is not gate._check(long_code, None)  # not kept

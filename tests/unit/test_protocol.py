@@ -249,3 +249,71 @@ def test_runner_messages_need_a_string_id_except_ready() -> None:
 
 def test_protocol_violation_is_a_value_error() -> None:
     assert issubclass(ProtocolViolation, ValueError)
+
+
+# --- the codec's fast path: json.loads's answer for every line ------------------------
+def _outcome(parse: Any, line: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", json.dumps(parse(line), sort_keys=True)
+    except RecursionError:
+        return "RecursionError", None
+    except UnicodeDecodeError:
+        return "UnicodeDecodeError", None
+    except ValueError:
+        return "ValueError", None
+
+
+LOADS_EDGES = [
+    b"{}",
+    b'{"a":1}\n',
+    b'{"a":1} \t\r\n\n',
+    b'{"a":1}x',
+    b'{"a":1}\n{"b":2}\n',  # two messages on one "line"
+    b'{"a":1}\x00',
+    b'{"a":NaN,"b":-Infinity}',
+    b'{"a":"\xed\xb2\x80"}',  # a lone surrogate as raw bytes (json.loads: surrogatepass)
+    b'{"a":"\xff"}',  # not UTF-8
+    b"{",
+    b"{\x00",
+    b'{\x00"\x00a\x00"\x00:\x001\x00}\x00',  # UTF-16-LE, which json.loads detects
+    '{"a":"é"}'.encode("utf-16-le"),
+    '{"a":"é"}'.encode("utf-32-le"),
+    b'\xef\xbb\xbf{"a":1}',  # a UTF-8 byte order mark
+    b'{"a":"x","a":"y"}',
+    b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"a":"\\ud800"}',
+    b"[1]",
+    b" {}",
+]
+
+
+@pytest.mark.parametrize("line", LOADS_EDGES, ids=range(len(LOADS_EDGES)))
+def test_loads_answers_as_json_loads(line: bytes) -> None:
+    assert _outcome(protocol.loads, line) == _outcome(json.loads, line)
+
+
+def test_decode_still_rejects_what_json_loads_rejects() -> None:
+    for line in (b'{"type":"ready"}x', b'{"type":"ready","version":5,"python":"\xff"}'):
+        with pytest.raises(ProtocolViolation):
+            decode(line, RUNNER_MESSAGES)
+
+
+def test_encode_matches_json_dumps() -> None:
+    """The encoder made once writes what ``json.dumps`` wrote per call."""
+    messages: list[dict[str, Any]] = [
+        {
+            "id": "x",
+            "type": "result",
+            "data": {"text/plain": "é 😀", "n": 1.5},
+            "is_main_result": True,
+        },
+        {"type": "stdout", "id": "x", "text": 'a\nb"c\\'},
+        {"type": "exit", "id": "x", "status": "ok", "execution_count": 7, "nan": float("nan")},
+    ]
+    for message in messages:
+        head = {"type": message["type"], "id": message["id"]}
+        ordered = {**head, **message}
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False)
+        assert encode(message) == (text + "\n").encode()
+    lone = {"type": "stdout", "id": "x", "text": "\udcff"}
+    assert encode(lone) == (json.dumps(lone, separators=(",", ":")) + "\n").encode()
