@@ -19,6 +19,12 @@ milliseconds. From the floor up:
   (host channel, supervisor, kernel; no SDK fold, no pre-check, no usage reads).
 * ``<backend> run_code 1+1``: the whole SDK call; ``print`` and a small DataFrame too.
 
+Then, unless ``--no-cpu``, where the CPU time of a cell goes, process by process: the
+CPU each thread of this process and of every process under it (supervisor, kernel)
+used per ``handle execute`` and per ``run_code``, from ``/proc/<pid>/task/*/schedstat``
+(nanoseconds, so per cell even for short cells). On a busy machine this says more than
+the wall-clock rows: each process's share is its own, whatever the others waited.
+
 Run (defaults take about a minute)::
 
     PYTHONPATH=src .venv/bin/python bench/roundtrip.py
@@ -279,6 +285,79 @@ def build_rows(stack: ExitStack, backends: list[str], pool: bool) -> dict[str, S
     return rows
 
 
+# --- CPU per process ------------------------------------------------------------------
+def _descendants(pid: int) -> list[int]:
+    found, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as handle:
+                    stack.extend(int(child) for child in handle.read().split())
+            except OSError:
+                pass
+    return found
+
+
+def _role(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        return "?"
+    if pid == os.getpid():
+        return "host (SDK, channel)"
+    for role in (b"supervisor", b"kernel", b"zygote"):
+        if role in argv:
+            return role.decode()
+    return os.path.basename(argv[0].decode(errors="replace")) or "?"
+
+
+def _cpu_by_thread() -> dict[tuple[int, int], tuple[str, int]]:
+    """(pid, tid) -> (role, CPU nanoseconds so far) for this process and its tree."""
+    seen: dict[tuple[int, int], tuple[str, int]] = {}
+    for pid in _descendants(os.getpid()):
+        role = _role(pid)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
+                    seen[(pid, int(tid))] = (role, int(handle.read().split()[0]))
+            except (OSError, ValueError, IndexError):
+                pass
+    return seen
+
+
+def cpu_per_cell(samples: dict[str, Sample], cells: int) -> str:
+    """A table: microseconds of CPU per cell, by process role and thread, per sample."""
+    lines = ["| path | thread | CPU us a cell |", "|---|---|---:|"]
+    for name, sample in samples.items():
+        for _ in range(50):
+            sample()
+        before = _cpu_by_thread()
+        for _ in range(cells):
+            sample()
+        after = _cpu_by_thread()
+        total = 0.0
+        for key, (role, ns) in sorted(after.items()):
+            if key not in before:
+                continue
+            used = (ns - before[key][1]) / cells / 1000
+            total += used
+            if used >= 1.0:
+                lines.append(f"| {name} | {role} (tid {key[1]}) | {used:.1f} |")
+        lines.append(f"| {name} | **all** | **{total:.1f}** |")
+    return "\n".join(lines)
+
+
 def measure(rows: dict[str, Sample], runs: int, warmup: int, rounds: int) -> dict[str, list[float]]:
     for sample in rows.values():
         for _ in range(warmup):
@@ -325,6 +404,8 @@ def main() -> None:
     parser.add_argument("--backends", default="bwrap,zygote", help="comma-separated")
     parser.add_argument("--no-pool", action="store_true", help="skip the pool rows")
     parser.add_argument("--json", type=Path, help="write {row: [ms, ...]} here")
+    parser.add_argument("--no-cpu", action="store_true", help="skip CPU time per process")
+    parser.add_argument("--cpu-cells", type=int, default=2000, help="cells per CPU row")
     parser.add_argument("--show", type=Path, help="print a table from this JSON; no run")
     parser.add_argument("--compare", type=Path, help="JSON of an earlier run, shown beside")
     args = parser.parse_args()
@@ -339,6 +420,13 @@ def main() -> None:
     with ExitStack() as stack:
         rows = build_rows(stack, [b for b in args.backends.split(",") if b], not args.no_pool)
         times = measure(rows, args.runs, args.warmup, args.rounds)
+        first = next(b for b in args.backends.split(",") if b)
+        cpu = None
+        if not args.no_cpu:
+            cpu = cpu_per_cell(
+                {k: v for k, v in rows.items() if k.startswith(f"{first}: ") and "1+1" in k},
+                args.cpu_cells,
+            )
     print(
         f"sandlot {sandlot.__file__}\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
         f" before, {os.getloadavg()[0]:.2f} after; {args.runs} runs a row; "
@@ -349,6 +437,9 @@ def main() -> None:
     print(table(times, before))
     mean = statistics.fmean(times[next(n for n in times if n.endswith("run_code 1+1"))])
     print(f"\n(mean of the first run_code 1+1 row: {mean:.3f} ms)")
+    if cpu is not None:
+        print(f"\nCPU time per cell, by thread (load average now {os.getloadavg()[0]:.2f}):\n")
+        print(cpu)
 
 
 if __name__ == "__main__":
