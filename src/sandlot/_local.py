@@ -286,7 +286,7 @@ class LocalCore:
         started = time.monotonic()
         try:
             handle = self._ensure()
-            before = handle.usage()
+            before = handle.usage_counters()  # (only what the cell is measured from)
             stream = self._stream(
                 {
                     "type": "execute",
@@ -319,7 +319,7 @@ class LocalCore:
                     )
                     execution.duration = time.monotonic() - started
                     return execution
-                if not stopped_for_memory and _oom_since(before, handle.usage()):
+                if not stopped_for_memory and _oom_since(before, handle.usage_counters()):
                     # The kernel killed a process for the sandbox's memory limit. Stop the
                     # whole cell (what is left of it would run on a starved sandbox, and
                     # its result could silently miss a killed worker's part).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandlot.backends._cgroups import memory_use
+from sandlot.backends._cgroups import UsageFiles, memory_use, read_usage
 
 
 def test_v2_reads_current_and_max(tmp_path: Path) -> None:
@@ -25,3 +25,42 @@ def test_v1_reads_usage_and_limit(tmp_path: Path) -> None:
 def test_unreadable_is_none(tmp_path: Path) -> None:
     assert memory_use(2, {"": tmp_path / "gone"}) is None
     assert memory_use(1, {"pids": tmp_path}) is None  # no memory controller
+
+
+def _v2(path: Path) -> None:
+    (path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n")
+    (path / "memory.peak").write_text("3000\n")
+    (path / "memory.max").write_text("8192\n")
+    (path / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\n")
+    (path / "pids.current").write_text("4\n")
+
+
+def _v1(path: Path) -> None:
+    (path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    (path / "cpuacct.usage").write_text("2500000000\n")
+    (path / "memory.max_usage_in_bytes").write_text("4096\n")
+    (path / "memory.limit_in_bytes").write_text("8192\n")
+    (path / "pids.current").write_text("7\n")
+
+
+def test_counters_are_the_oom_kills_and_cpu_time_of_a_full_read(tmp_path: Path) -> None:
+    """What a cell is measured from (read before each) agrees with the full read, from
+    only the two files it needs."""
+    for version, fill, paths in (
+        (2, _v2, {"": tmp_path}),
+        (1, _v1, {"memory": tmp_path, "cpuacct": tmp_path, "pids": tmp_path}),
+    ):
+        for child in tmp_path.iterdir():
+            child.unlink()
+        fill(tmp_path)
+        full = read_usage(version, paths, UsageFiles())  # type: ignore[arg-type]
+        counters = read_usage(version, paths, UsageFiles(), counters_only=True)  # type: ignore[arg-type]
+        assert (counters.oom_kills, counters.cpu_seconds) == (full.oom_kills, full.cpu_seconds)
+        assert full.cpu_seconds in (1.5, 2.5) and full.oom_kills in (2, 5)
+        assert counters.memory_peak_bytes is None and counters.pids is None
+        needed = {"memory.events", "cpu.stat", "memory.oom_control", "cpuacct.usage"}
+        for child in tmp_path.iterdir():
+            if child.name not in needed:
+                child.unlink()
+        again = read_usage(version, paths, counters_only=True)  # type: ignore[arg-type]
+        assert again == counters

@@ -130,6 +130,12 @@ class SandboxHandle(ABC):
         """The whole sandbox's resource use so far, or None if this backend cannot tell."""
         return None
 
+    def usage_counters(self) -> ResourceUsage | None:
+        """What a cell's use is measured from, read before every cell: ``oom_kills`` and
+        ``cpu_seconds`` as :meth:`usage` has them; the other fields may be None (a
+        backend may read less than all of :meth:`usage` for it)."""
+        return self.usage()
+
     def network_events(self, settle: float = 0.0) -> list[NetworkEvent] | None:
         """Records of egress connections that ended since the last call (waiting up to
         ``settle`` seconds for open ones to end); None when the sandbox has no network."""

@@ -392,6 +392,9 @@ class BwrapHandle(ChannelHandle):
     def usage(self) -> ResourceUsage | None:
         return None if self._cgroup is None else self._cgroup.usage()
 
+    def usage_counters(self) -> ResourceUsage | None:
+        return None if self._cgroup is None else self._cgroup.counters()
+
     def recovery_token(self) -> RecoveryToken | None:
         # The host process whose death ends the sandbox (bwrap, or a zygote-made
         # sandbox's pid 1), with its start time so a reused pid is never mistaken for it.
