@@ -117,3 +117,29 @@ def test_a_timed_out_cell_frees_its_kernel_for_the_next(
         assert kept.error is not None and kept.error.name == "NameError"
     else:
         assert kept.text == "42"
+
+
+# User code writes lines to its kernel's socket that json.loads cannot parse: nested too
+# deep (RecursionError, not ValueError), not JSON, not UTF-8. The supervisor drops each
+# and goes on forwarding the cell; it used to lose the thread that listens to the
+# kernel on the first one, and the cell then ran into its timeout.
+UNPARSABLE = """
+import sys
+kernel = sys.stdout.kernel
+with kernel.channel.lock:
+    kernel.channel.sock.sendall(b'{"a":' + b"[" * 200000 + b"\\n")
+    kernel.channel.sock.sendall(b"not json\\n" + b'{"type":"stdout","id":"\\xff"}\\n')
+print("still here")
+6 * 7
+"""
+
+
+def test_lines_the_supervisor_cannot_parse_are_dropped_and_the_cell_goes_on(
+    fresh_sandbox: Sandbox,
+) -> None:
+    sbx = fresh_sandbox
+    execution = sbx.run_code(UNPARSABLE, timeout=10)
+    assert execution.error is None, execution.error
+    assert execution.logs.stdout == ["still here\n"]
+    assert execution.text == "42"
+    assert sbx.run_code("1 + 1").text == "2"
