@@ -416,3 +416,33 @@ def test_an_idle_extra_zygote_is_stopped_and_a_busy_one_is_not(
             sbx.kill()
         for zygote in _zygote.zygotes_for("python-data", preload):
             zygote.close()
+
+
+def test_a_zygote_killed_from_outside_is_replaced_by_the_next_sandbox() -> None:
+    # Whether a zygote runs is read from a pidfd, not by reaping it (only stopping it
+    # reaps it, so its pid stays its own while a cgroup move names it): one that died
+    # must still be noticed, reaped, and started again for the next sandbox.
+    from sandlot.backends.bwrap import _zygote
+
+    preload = ("json", "html")  # a zygote of this test's own
+    backend = _zygote.ZygoteBackend(preload=preload)
+    started: list[Sandbox] = []
+    try:
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        zygote = _zygote.zygote_for("python-data", preload)
+        old = zygote._process
+        assert old is not None and zygote.alive
+        os.kill(old.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while zygote.alive:
+            assert time.monotonic() < deadline, "the killed zygote still looks alive"
+            time.sleep(0.01)
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        assert _forked(started[-1])
+        assert started[-1].run_code("6 * 7").text == "42"
+        assert zygote._process is not old and zygote.alive
+        assert old.returncode is not None  # reaped when it was replaced
+    finally:
+        for sbx in started:
+            sbx.kill()
+        _zygote.zygote_for("python-data", preload).close()
