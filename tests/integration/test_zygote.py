@@ -473,3 +473,40 @@ def test_the_cgroup_move_is_primed_through_a_burst_of_starts_and_then_left_alone
     while _zygote._PRIMER._zygote is not None:
         assert time.monotonic() < deadline, "the primer still holds the zygote"
         time.sleep(0.01)
+
+
+def test_a_cgroup_that_cannot_be_made_fails_the_start_and_leaves_no_fork(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sandbox's cgroup is made while the zygote forks: when it cannot be, the start
+    # fails closed, the forked process exits (its channel is closed before it is
+    # configured), and its share of the zygote's quotas comes back.
+    import sandlot
+    from sandlot.backends.bwrap import _zygote
+
+    preload = ("json", "textwrap")  # a zygote of this test's own
+    backend = _zygote.ZygoteBackend(preload=preload)
+    started: list[Sandbox] = []
+    try:
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        zygote = _zygote.zygote_for("python-data", preload)
+        before = zygote._cgroup_pids()
+
+        def refuse(spec: Any) -> Any:
+            raise sandlot.IsolationUnavailable("no cgroup for this test")
+
+        monkeypatch.setattr(_zygote, "cgroup_for", refuse)
+        with pytest.raises(sandlot.IsolationUnavailable):
+            Sandbox(backend=backend, timeout=TIMEOUT)
+        assert zygote._pending == 0
+        deadline = time.monotonic() + 30
+        while zygote._cgroup_pids() - before:  # the fork, until it has exited
+            assert time.monotonic() < deadline, zygote._cgroup_pids() - before
+            time.sleep(0.01)
+        monkeypatch.undo()
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        assert _forked(started[-1]) and started[-1].run_code("2 * 3").text == "6"
+    finally:
+        for sbx in started:
+            sbx.kill()
+        _zygote.zygote_for("python-data", preload).close()

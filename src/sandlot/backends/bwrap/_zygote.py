@@ -5,9 +5,9 @@ One zygote per (template, preload list, host uid) lives as long as this process 
 :mod:`sandlot.runner._zygote` for what runs inside it and what each fork sets up).
 The host's side of a spawn:
 
-1. create the sandbox's cgroup, exactly as for a cold sandbox (same limits);
-2. hand the zygote one end of a new socketpair; it forks the sandbox's pid 1 in
+1. hand the zygote one end of a new socketpair; it forks the sandbox's pid 1 in
    fresh namespaces;
+2. meanwhile, create the sandbox's cgroup, exactly as for a cold sandbox (same limits);
 3. read that process's SCM_CREDENTIALS from the socket: the kernel translates its pid
    into ours, so we know which process it is without trusting anything it says;
 4. move it into the cgroup, then send the runner's ``configure`` message as for a cold
@@ -354,20 +354,23 @@ class Zygote:
         self._pidfd = pidfd
 
     def spawn(self, spec: SandboxSpec) -> SandboxHandle:
-        group = cgroup_for(spec)
-        assert group is not None  # the backend sends best-effort specs to a cold start
-        if self.alive:
-            # After the cgroup is made: the prime holds the kernel's cgroup mutex while
-            # it waits, which a mkdir there would wait for too.
-            _PRIMER.poke(self)  # in the background, while the zygote forks
         with contextlib.ExitStack() as failed:
-            failed.callback(group.destroy)
             host_sock, child_sock = socket.socketpair()
+            # Closed on failure: a sandbox forked meanwhile then reads the end of its
+            # channel instead of a configuration, and exits.
             failed.callback(host_sock.close)
             with child_sock:
                 host_sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
                 self._request_fork(spec, child_sock.fileno())  # reserves a share
             try:
+                # While the zygote forks: the sandbox's cgroup, then the no-op move
+                # (after the mkdir, which would wait for the kernel's cgroup mutex the
+                # move holds while it waits).
+                group = cgroup_for(spec)
+                assert group is not None  # best-effort specs start cold (the backend)
+                failed.callback(group.destroy)
+                if self.alive:
+                    _PRIMER.poke(self)
                 pid = _sandbox_pid(host_sock)
                 process = _ForkedSandbox(pid)
             finally:
@@ -467,11 +470,11 @@ class Zygote:
         grace period (the kernel's cgroup-migration lock switching to its slow mode,
         about 6 ms here, more on a loaded host), and for about one more after the last
         move it does not. Moving the zygote into the cgroup it is already in is a no-op
-        that takes that wait; run by :data:`_PRIMER` once :meth:`spawn` has made the
-        sandbox's cgroup, it overlaps the fork and the new sandbox's namespaces and
-        holds no lock of ours that a spawn needs (it holds the kernel's cgroup mutex),
-        so the sandbox's own move finds the lock ready.
-        An optimisation only: if the write fails, the move waits as before."""
+        that takes that wait; run by :data:`_PRIMER` once :meth:`spawn` has asked for
+        the fork and made the sandbox's cgroup, it overlaps the fork and the new
+        sandbox's namespaces and holds no lock of ours that a spawn needs (it holds the
+        kernel's cgroup mutex), so the sandbox's own move finds the lock ready. An
+        optimisation only: if the write fails, the move waits as before."""
         if not self._reap_lock.acquire(blocking=False):
             return  # being stopped (or primed already)
         try:
