@@ -448,23 +448,21 @@ def test_a_zygote_killed_from_outside_is_replaced_by_the_next_sandbox() -> None:
         _zygote.zygote_for("python-data", preload).close()
 
 
-def test_the_cgroup_move_is_primed_through_a_burst_of_starts_and_then_left_alone(
+def test_each_start_primes_the_cgroup_move_and_the_primer_keeps_no_zygote(
     make: Callable[..., Sandbox], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The no-op moves that keep the kernel's cgroup-migration lock warm run only while
-    # sandboxes are being started: after PRIME_FOR seconds without a start they stop,
-    # and the primer lets go of the zygote (a burst must not leave a busy loop behind).
+    # A start asks the primer thread for one no-op move of the zygote (overlapping the
+    # fork); the thread then lets go of the zygote, so a stopped one can be collected.
     from sandlot.backends.bwrap import _zygote
 
-    primes: list[float] = []
+    primes: list[_zygote.Zygote] = []
     real = _zygote.Zygote._prime_cgroup_move
 
     def counted(self: _zygote.Zygote) -> None:
-        primes.append(time.monotonic())
+        primes.append(self)
         real(self)
 
     monkeypatch.setattr(_zygote.Zygote, "_prime_cgroup_move", counted)
-    monkeypatch.setattr(_zygote, "PRIME_FOR", 0.2)
     make().run_code("1")  # the zygote is up
     for _ in range(3):
         assert _forked(make())

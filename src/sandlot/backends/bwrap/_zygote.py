@@ -560,28 +560,24 @@ class Zygote:
 
 
 class _MovePrimer:
-    """One background thread per process that runs :meth:`Zygote._prime_cgroup_move`:
-    when a spawn asks (:meth:`poke`), then every :data:`PRIME_EVERY` seconds until
-    :data:`PRIME_FOR` seconds after the last spawn asked.
+    """One background thread per process that runs :meth:`Zygote._prime_cgroup_move`
+    when a spawn asks (:meth:`poke`); pokes that come while it runs are one (the
+    kernel's lock is global).
 
-    The repeats keep the kernel's cgroup-migration lock in its slow mode through a
-    burst of starts, so none of them waits for a grace period, however loaded the host
-    (then a grace period is longer than a fork). The price, only during a burst: each
-    repeat is a no-op write to a ``cgroup.procs`` file (tens of microseconds), and
-    forks and exits on the host take the lock's slower read path (as they always do
-    with cgroup v2's ``favordynmods`` mount option, which trades the same way)."""
+    Only once per spawn, not over and over to keep the lock warm through a burst of
+    starts: with several starts at once their own moves keep it warm, and a thread
+    waking every few milliseconds cost more (the host's interpreter lock, the kernel's
+    cgroup mutex, forks held up while each move waited) than it saved."""
 
     def __init__(self) -> None:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._zygote: Zygote | None = None
-        self._poked = -PRIME_FOR
         self._thread: threading.Thread | None = None
 
     def poke(self, zygote: Zygote) -> None:
         with self._lock:
             self._zygote = zygote
-            self._poked = time.monotonic()
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="sandlot-cgroup-primer", daemon=True
@@ -591,23 +587,14 @@ class _MovePrimer:
 
     def _run(self) -> None:
         while True:
-            with self._lock:
-                busy = time.monotonic() - self._poked < PRIME_FOR
-                if not busy:
-                    self._zygote = None  # not kept alive by us once the burst is over
-            self._wake.wait(PRIME_EVERY if busy else None)
+            self._wake.wait()
             self._wake.clear()
             with self._lock:
-                zygote = self._zygote
+                zygote, self._zygote = self._zygote, None  # not kept alive by us
             if zygote is not None:
                 zygote._prime_cgroup_move()
 
 
-PRIME_EVERY = 0.004
-"""Seconds between no-op cgroup moves during a burst of starts (about one grace
-period's shortest length, so the lock's slow mode never lapses meanwhile)."""
-PRIME_FOR = 0.25
-"""Seconds after the last start that the no-op moves go on."""
 _PRIMER = _MovePrimer()
 
 
