@@ -416,3 +416,95 @@ def test_an_idle_extra_zygote_is_stopped_and_a_busy_one_is_not(
             sbx.kill()
         for zygote in _zygote.zygotes_for("python-data", preload):
             zygote.close()
+
+
+def test_a_zygote_killed_from_outside_is_replaced_by_the_next_sandbox() -> None:
+    # Whether a zygote runs is read from a pidfd, not by reaping it (only stopping it
+    # reaps it, so its pid stays its own while a cgroup move names it): one that died
+    # must still be noticed, reaped, and started again for the next sandbox.
+    from sandlot.backends.bwrap import _zygote
+
+    preload = ("json", "html")  # a zygote of this test's own
+    backend = _zygote.ZygoteBackend(preload=preload)
+    started: list[Sandbox] = []
+    try:
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        zygote = _zygote.zygote_for("python-data", preload)
+        old = zygote._process
+        assert old is not None and zygote.alive
+        os.kill(old.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while zygote.alive:
+            assert time.monotonic() < deadline, "the killed zygote still looks alive"
+            time.sleep(0.01)
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        assert _forked(started[-1])
+        assert started[-1].run_code("6 * 7").text == "42"
+        assert zygote._process is not old and zygote.alive
+        assert old.returncode is not None  # reaped when it was replaced
+    finally:
+        for sbx in started:
+            sbx.kill()
+        _zygote.zygote_for("python-data", preload).close()
+
+
+def test_each_start_primes_the_cgroup_move_and_the_primer_keeps_no_zygote(
+    make: Callable[..., Sandbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A start asks the primer thread for one no-op move of the zygote (overlapping the
+    # fork); the thread then lets go of the zygote, so a stopped one can be collected.
+    from sandlot.backends.bwrap import _zygote
+
+    primes: list[_zygote.Zygote] = []
+    real = _zygote.Zygote._prime_cgroup_move
+
+    def counted(self: _zygote.Zygote) -> None:
+        primes.append(self)
+        real(self)
+
+    monkeypatch.setattr(_zygote.Zygote, "_prime_cgroup_move", counted)
+    make().run_code("1")  # the zygote is up
+    for _ in range(3):
+        assert _forked(make())
+    assert primes, "no start primed the cgroup move"
+    deadline = time.monotonic() + 30
+    while _zygote._PRIMER._zygote is not None:
+        assert time.monotonic() < deadline, "the primer still holds the zygote"
+        time.sleep(0.01)
+
+
+def test_a_cgroup_that_cannot_be_made_fails_the_start_and_leaves_no_fork(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sandbox's cgroup is made while the zygote forks: when it cannot be, the start
+    # fails closed, the forked process exits (its channel is closed before it is
+    # configured), and its share of the zygote's quotas comes back.
+    import sandlot
+    from sandlot.backends.bwrap import _zygote
+
+    preload = ("json", "textwrap")  # a zygote of this test's own
+    backend = _zygote.ZygoteBackend(preload=preload)
+    started: list[Sandbox] = []
+    try:
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        zygote = _zygote.zygote_for("python-data", preload)
+        before = zygote._cgroup_pids()
+
+        def refuse(spec: Any) -> Any:
+            raise sandlot.IsolationUnavailable("no cgroup for this test")
+
+        monkeypatch.setattr(_zygote, "cgroup_for", refuse)
+        with pytest.raises(sandlot.IsolationUnavailable):
+            Sandbox(backend=backend, timeout=TIMEOUT)
+        assert zygote._pending == 0
+        deadline = time.monotonic() + 30
+        while zygote._cgroup_pids() - before:  # the fork, until it has exited
+            assert time.monotonic() < deadline, zygote._cgroup_pids() - before
+            time.sleep(0.01)
+        monkeypatch.undo()
+        started.append(Sandbox(backend=backend, timeout=TIMEOUT))
+        assert _forked(started[-1]) and started[-1].run_code("2 * 3").text == "6"
+    finally:
+        for sbx in started:
+            sbx.kill()
+        _zygote.zygote_for("python-data", preload).close()

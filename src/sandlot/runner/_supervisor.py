@@ -663,12 +663,14 @@ def run(
     reader: Any,
     config: Dict[str, Any],
     fork_kernel: bool = False,
+    home_ready: Optional[str] = None,
 ) -> int:
     """Serve the host channel as the sandbox's supervisor until it closes.
 
     ``fork_kernel``: this process already holds the template's preloaded modules (a
     zygote-made sandbox), so the default kernel is forked from it instead of started
-    as a new interpreter that would import them again."""
+    as a new interpreter that would import them again. ``home_ready``: a home the
+    caller has already given the template's matplotlib files (not copied again)."""
     libc = ctypes.CDLL(None, use_errno=True)
     # Not dumpable: user code (same uid, no capabilities) can then neither ptrace this
     # process nor open its /proc/<pid>/fd, mem or environ, nor take its host socket
@@ -703,7 +705,8 @@ def run(
             return 70
     home = str(config.get("workdir", HOME))
     try:
-        _prepare_home(home)
+        if home != home_ready:
+            _prepare_home(home)
     except OSError as exc:
         sys.stderr.write("sandlot runner: could not copy matplotlib settings: %s\n" % exc)
     supervisor = Supervisor(sock, reader, config)

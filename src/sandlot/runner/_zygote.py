@@ -177,6 +177,7 @@ def main(argv: List[str]) -> int:
         sys.stderr.write("sandlot zygote: no seccomp program for the sandboxes\n")
         return 70
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _last_cap()  # read here once, not in every sandbox
     own_pid_ns = _enter_own_pid_namespace(control)
     configure = json.loads(control.recv(MAX_PACKET) or b"null")
     if not isinstance(configure, dict) or configure.get("type") != "configure":
@@ -469,6 +470,16 @@ def _sandbox_init(
         os.close(sysctl_fd)
     from sandlot.runner import _supervisor
 
+    # The template's matplotlib files into the new home now, while the host moves us
+    # into the sandbox's cgroup, rather than after (the supervisor skips it then). No
+    # user code has run yet, and the home is the fresh tmpfs mounted above; its few
+    # pages may be charged to the zygote's cgroup, like the ones this process copied.
+    home_ready: Optional[str] = os.environ.get("HOME", HOME)
+    try:
+        _supervisor._prepare_home(str(home_ready))
+    except OSError as exc:
+        home_ready = None  # the supervisor tries again, and says why if it fails
+        os.write(2, ("sandlot zygote: matplotlib settings: %s\n" % exc).encode())
     reader = sock.makefile("rb")
     config = _supervisor.read_configuration(reader)
     if config is None:
@@ -478,7 +489,7 @@ def _sandbox_init(
     _check(_libc.unshare(CLONE_NEWCGROUP), "unshare cgroup namespace")
     _drop_privileges(program)
     set_cmdline([*_COMMAND, "supervisor", "--fd", str(sock.fileno())])
-    return _supervisor.run(sock, reader, config, fork_kernel=True)
+    return _supervisor.run(sock, reader, config, fork_kernel=True, home_ready=home_ready)
 
 
 def _own_user_namespace(sysctl_fd: int, quotas: Dict[str, Dict[str, int]]) -> None:
@@ -523,11 +534,20 @@ def _loopback_up() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
+_LAST_CAP: List[int] = []
+"""The kernel's highest capability number, read once by the zygote (it cannot change)."""
+
+
+def _last_cap() -> int:
+    if not _LAST_CAP:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            _LAST_CAP.append(int(handle.read()))
+    return _LAST_CAP[0]
+
+
 def _drop_privileges(program: bytes) -> None:
     """Every capability gone, then the sandbox's seccomp filter; verified, not assumed."""
-    with open("/proc/sys/kernel/cap_last_cap") as handle:
-        last = int(handle.read())
-    for cap in range(last + 1):
+    for cap in range(_last_cap() + 1):
         _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capability %d" % cap)
     _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)

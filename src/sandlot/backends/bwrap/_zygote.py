@@ -5,9 +5,9 @@ One zygote per (template, preload list, host uid) lives as long as this process 
 :mod:`sandlot.runner._zygote` for what runs inside it and what each fork sets up).
 The host's side of a spawn:
 
-1. create the sandbox's cgroup, exactly as for a cold sandbox (same limits);
-2. hand the zygote one end of a new socketpair; it forks the sandbox's pid 1 in
+1. hand the zygote one end of a new socketpair; it forks the sandbox's pid 1 in
    fresh namespaces;
+2. meanwhile, create the sandbox's cgroup, exactly as for a cold sandbox (same limits);
 3. read that process's SCM_CREDENTIALS from the socket: the kernel translates its pid
    into ours, so we know which process it is without trusting anything it says;
 4. move it into the cgroup, then send the runner's ``configure`` message as for a cold
@@ -241,6 +241,12 @@ class Zygote:
         self.preload = preload
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
+        self._pidfd: int | None = None
+        """A pidfd of :attr:`_process`: whether it runs is read from it without reaping it."""
+        self._reap_lock = threading.Lock()
+        """Held while :attr:`_process` is reaped (only :meth:`_stop` reaps it) and while
+        its pid is written to a ``cgroup.procs`` file (:meth:`_prime_cgroup_move`): the
+        pid cannot be reaped, and so cannot be another process's, in the meantime."""
         self._control: socket.socket | None = None
         self._cgroup: _cgroups.SandboxCgroup | None = None
         self._tail: StderrTail | None = None
@@ -261,7 +267,9 @@ class Zygote:
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        # Not Popen.poll(): that would reap it, which only _stop() does (_reap_lock).
+        pidfd = self._pidfd
+        return self._process is not None and pidfd is not None and not _readable(pidfd, 0)
 
     @property
     def closed(self) -> bool:
@@ -319,6 +327,8 @@ class Zygote:
                 raise SandboxStartError(f"could not start the zygote: {exc}") from exc
             failed.callback(process.wait)
             failed.callback(process.kill)
+            pidfd = os.pidfd_open(process.pid)  # not reaped yet: it is this process
+            failed.callback(os.close, pidfd)
             assert process.stderr is not None
             tail = StderrTail(process.stderr)
             control.settimeout(ZYGOTE_START_TIMEOUT)
@@ -341,18 +351,26 @@ class Zygote:
             failed.pop_all()
         self._process, self._control, self._cgroup, self._tail = process, control, group, tail
         self._host_ids = ids
+        self._pidfd = pidfd
 
     def spawn(self, spec: SandboxSpec) -> SandboxHandle:
-        group = cgroup_for(spec)
-        assert group is not None  # the backend sends best-effort specs to a cold start
         with contextlib.ExitStack() as failed:
-            failed.callback(group.destroy)
             host_sock, child_sock = socket.socketpair()
+            # Closed on failure: a sandbox forked meanwhile then reads the end of its
+            # channel instead of a configuration, and exits.
             failed.callback(host_sock.close)
             with child_sock:
                 host_sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
                 self._request_fork(spec, child_sock.fileno())  # reserves a share
             try:
+                # While the zygote forks: the sandbox's cgroup, then the no-op move
+                # (after the mkdir, which would wait for the kernel's cgroup mutex the
+                # move holds while it waits).
+                group = cgroup_for(spec)
+                assert group is not None  # best-effort specs start cold (the backend)
+                failed.callback(group.destroy)
+                if self.alive:
+                    _PRIMER.poke(self)
                 pid = _sandbox_pid(host_sock)
                 process = _ForkedSandbox(pid)
             finally:
@@ -430,7 +448,6 @@ class Zygote:
                     [json.dumps(request).encode()],
                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())],
                 )
-                self._prime_cgroup_move()  # while the zygote forks
                 reply = json.loads(self._control.recv(65536) or b"{}")
                 # Replies to requests given up on earlier (the zygote answered after the
                 # timeout) come first; their sandboxes found their channel closed and exited.
@@ -446,26 +463,34 @@ class Zygote:
                 )
 
     def _prime_cgroup_move(self) -> None:
-        """Make the kernel wait now, while the zygote forks, for what the new sandbox's
-        move into its cgroup would otherwise wait for afterwards.
+        """Make the kernel wait now, while a sandbox is being made, for what the new
+        sandbox's move into its cgroup would otherwise wait for afterwards.
 
         A process's first move between cgroups after a quiet spell waits for an RCU
         grace period (the kernel's cgroup-migration lock switching to its slow mode,
         about 6 ms here, more on a loaded host), and for about one more after the last
         move it does not. Moving the zygote into the cgroup it is already in is a no-op
-        that takes that wait, overlapped with the fork; the sandbox's own move then
-        finds the lock ready (zygote ``Sandbox()``: about 6 ms less). An optimisation
-        only: if the write fails, the move waits as before."""
-        if self._cgroup is None or self._process is None or self._process.poll() is not None:
-            return  # not running (and not reaped: its pid cannot be another process's)
-        for path in self._cgroup.paths.values():
-            with contextlib.suppress(OSError):
-                fd = os.open(f"{path}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.write(fd, str(self._process.pid).encode())
-                finally:
-                    os.close(fd)
-            return  # the lock is global: one hierarchy is enough
+        that takes that wait; run by :data:`_PRIMER` once :meth:`spawn` has asked for
+        the fork and made the sandbox's cgroup, it overlaps the fork and the new
+        sandbox's namespaces and holds no lock of ours that a spawn needs (it holds the
+        kernel's cgroup mutex), so the sandbox's own move finds the lock ready. An
+        optimisation only: if the write fails, the move waits as before."""
+        if not self._reap_lock.acquire(blocking=False):
+            return  # being stopped (or primed already)
+        try:
+            process, group = self._process, self._cgroup
+            if process is None or group is None or process.returncode is not None:
+                return  # not running; else not reaped: its pid cannot be another process's
+            for path in group.paths.values():
+                with contextlib.suppress(OSError):
+                    fd = os.open(f"{path}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+                    try:
+                        os.write(fd, str(process.pid).encode())
+                    finally:
+                        os.close(fd)
+                return  # the lock is global: one hierarchy is enough
+        finally:
+            self._reap_lock.release()
 
     def _cgroup_pids(self) -> set[int]:
         return set() if self._cgroup is None else set(self._cgroup.pids())
@@ -476,10 +501,17 @@ class Zygote:
     def _stop(self) -> None:
         if self._control is not None:
             self._control.close()
+        with self._reap_lock:  # a prime under way ends first (it writes the pid)
+            self._stop_process()
+
+    def _stop_process(self) -> None:
         if self._process is not None:
             with contextlib.suppress(OSError):
                 self._process.kill()
             self._process.wait()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         if self._cgroup is not None:
             self._cgroup.destroy()
         if self._host_ids is not None:
@@ -525,6 +557,45 @@ class Zygote:
                 starting.shutdown(socket.SHUT_RDWR)  # its recv() returns; _start cleans up
         with self._lock:
             self._stop()
+
+
+class _MovePrimer:
+    """One background thread per process that runs :meth:`Zygote._prime_cgroup_move`
+    when a spawn asks (:meth:`poke`); pokes that come while it runs are one (the
+    kernel's lock is global).
+
+    Only once per spawn, not over and over to keep the lock warm through a burst of
+    starts: with several starts at once their own moves keep it warm, and a thread
+    waking every few milliseconds cost more (the host's interpreter lock, the kernel's
+    cgroup mutex, forks held up while each move waited) than it saved."""
+
+    def __init__(self) -> None:
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._zygote: Zygote | None = None
+        self._thread: threading.Thread | None = None
+
+    def poke(self, zygote: Zygote) -> None:
+        with self._lock:
+            self._zygote = zygote
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="sandlot-cgroup-primer", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                zygote, self._zygote = self._zygote, None  # not kept alive by us
+            if zygote is not None:
+                zygote._prime_cgroup_move()
+
+
+_PRIMER = _MovePrimer()
 
 
 def _bytes(size_mb: int | None) -> int | None:
