@@ -260,6 +260,8 @@ def serve_cluster(
         port=port,
         log_level="info",
         access_log=False,
+        # The front door reads no client address (the nodes audit their callers).
+        proxy_headers=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
     )

@@ -32,11 +32,9 @@ import json
 import logging
 import re
 import socket
-import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
 
-import httpcore
 import httpx
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
@@ -45,6 +43,7 @@ import sandlot
 from sandlot.server._cluster import ClusterStore, NodeRef, Placement
 from sandlot.server._e2b_control import _token
 from sandlot.server._manager import ApiError, effective_quotas
+from sandlot.server._relay import NodeConnection, NodePool, UpstreamError, request_head
 from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._state import api_key_of
 from sandlot.server._store import Principal
@@ -57,13 +56,14 @@ _DEBUG_ID = re.compile(r"^/e2b/sandboxes/([^/]+)(/.*)?$")
 _HOP = frozenset(
     {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"date"}
 )
-_UPSTREAM_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException)
-"""What a call to a node that went away (or never answered) raises."""
 _HOP_OUT = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"})
 NODE_KEEPALIVE = 30.0
 """Seconds a front door keeps an idle connection to a node. Node servers keep theirs
 for 90 s (``sandlot.ray``): the front door always closes first, so it never sends a
 request on a connection the node is closing."""
+MAX_INFO = 1 << 20
+"""Bytes of a sandbox's info (``GET /v1/sandboxes/{id}``) the front door reads to add
+its node."""
 DEBUG_SANDBOX_ID = "debug"  # E2B's debug mode names no sandbox (sandlot.server._e2b)
 
 
@@ -117,7 +117,7 @@ class FrontDoor:
         self.directory = directory
         self.refresh_interval = refresh
         self.lost: set[str] = set()
-        self._placements: dict[str, Placement] = {}
+        self._placements: dict[str, tuple[Placement, NodeRef]] = {}
         self._client = httpx.AsyncClient(
             # No read timeout: a cell's stream lasts as long as the cell, which the node
             # bounds; connecting to a node on the cluster's network is quick or nothing.
@@ -133,13 +133,9 @@ class FrontDoor:
                 socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
             ),
         )
-        self._pool = httpcore.AsyncConnectionPool(
-            max_connections=None,
-            max_keepalive_connections=512,
-            keepalive_expiry=NODE_KEEPALIVE,
-            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-        )
-        self._hosts: dict[str, bytes] = {}
+        # The routed calls' own connections (sandlot.server._relay): a general client
+        # costs more per call than the relay itself.
+        self._pool = NodePool(keepalive=NODE_KEEPALIVE)
         self._refresher: asyncio.Task[None] | None = None
 
     # --- membership ---------------------------------------------------------------------
@@ -201,7 +197,7 @@ class FrontDoor:
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._refresher
                 await self._client.aclose()
-                await self._pool.aclose()
+                self._pool.close()
                 await asyncio.to_thread(self.store.close)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -444,27 +440,38 @@ class FrontDoor:
         await _answer(send, 200, json.dumps(page).encode(), headers)
 
     # --- one sandbox ------------------------------------------------------------------------
-    async def _locate(self, sandbox_id: str) -> Placement | None:
-        placement = self._placements.get(sandbox_id)
-        if placement is None:
+    async def _locate(self, sandbox_id: str) -> tuple[Placement, NodeRef] | None:
+        """Where ``sandbox_id`` lives (cached: a sandbox never moves; whether its node is
+        lost is checked on every call, against ``self.lost``)."""
+        known = self._placements.get(sandbox_id)
+        if known is None:
             placement = await asyncio.to_thread(self.store.locate, sandbox_id)
-            if placement is not None and not placement.lost:
+            if placement is None:
+                return None
+            node = NodeRef(placement.node_id, placement.node_ip, placement.url, 0)
+            known = (placement, node)
+            if not placement.lost:
                 if len(self._placements) > 1_000_000:
                     self._placements.clear()
-                self._placements[sandbox_id] = placement
-        return placement
+                self._placements[sandbox_id] = known
+        return known
 
     async def _to_sandbox(
         self, sandbox_id: str, surface: str, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        placement = await self._locate(sandbox_id)
-        if placement is None:
+        known = await self._locate(sandbox_id)
+        if known is None:
             await self._gone(sandbox_id, None, surface, scope, send)
             return
+        placement, node = known
         if placement.lost or placement.node_id in self.lost:
+            self._placements.pop(sandbox_id, None)
             await self._gone(sandbox_id, placement, surface, scope, send)
             return
-        node = NodeRef(placement.node_id, placement.node_ip, placement.url, 0)
+        if scope["method"] == "DELETE":
+            # A kill (or a file's removal): the entry is not wrong after a kill (the
+            # node answers that the sandbox is gone), only no longer worth its memory.
+            self._placements.pop(sandbox_id, None)
         await self._forward(node, placement, surface, scope, receive, send)
 
     async def _gone(
@@ -515,70 +522,117 @@ class FrontDoor:
         """Stream the request to ``node`` and its answer back, unchanged (but the node
         named in a native sandbox's info). The client's disconnect closes the call to
         the node, which interrupts a running cell there as it would on one machine."""
-        body_done = asyncio.Event()
         first = await receive()
-        chunk = first.get("body", b"")
-        if not first.get("more_body", False):
-            body_done.set()
-            content: bytes | AsyncIterator[bytes] = chunk
-        else:
-
-            async def stream() -> AsyncIterator[bytes]:
-                yield chunk
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        raise _ClientGone
-                    yield message.get("body", b"")
-                    if not message.get("more_body", False):
-                        break
-                body_done.set()
-
-            content = stream()
-        # httpcore, not httpx, on this path: every routed call pays it, and httpx's
-        # request and response models cost more than the relay itself. Framing is
-        # h11's, from the headers: the client's own Content-Length or chunked body.
-        headers = _headers_in(scope)
-        headers.append((b"host", self._host(node.url)))
-        if isinstance(content, bytes):
-            headers = [(k, v) for k, v in headers if k != b"content-length"]
-            if content or scope["method"] not in ("GET", "HEAD", "DELETE"):
-                headers.append((b"content-length", str(len(content)).encode()))
-        elif not any(k == b"content-length" for k, _ in headers):
-            headers.append((b"transfer-encoding", b"chunked"))
-        request = httpcore.Request(
-            scope["method"].encode(),
-            (node.url + _target(scope)).encode("latin-1"),
-            headers=headers,
-            content=content,
-        )
-        try:
-            response = await self._pool.handle_async_request(request)
-        except _ClientGone:
+        if first["type"] == "http.disconnect":
             return
-        except _UPSTREAM_ERRORS as exc:
+        chunk: bytes = first.get("body", b"")
+        streamed = bool(first.get("more_body", False))
+        method: bytes = scope["method"].encode("latin-1")
+        headers = _headers_in(scope)
+        try:
+            _, _, host = self._pool.address(node.url)
+            conn, _ = await self._pool.connection(node.url)
+        except UpstreamError as exc:
             await self._unreachable(node, placement, surface, scope, send, exc)
             return
+        target = _target(scope).encode("latin-1")
         try:
-            out = [(k.lower(), v) for k, v in response.headers if k.lower() not in _HOP_OUT]
+            if not streamed:
+                # The whole request in one write: head and body.
+                headers = [(k, v) for k, v in headers if k != b"content-length"]
+                if chunk or method not in (b"GET", b"HEAD", b"DELETE"):
+                    headers.append((b"content-length", str(len(chunk)).encode()))
+                await conn.write(request_head(method, target, host, headers) + chunk)
+            elif not await self._upload(conn, method, target, host, headers, chunk, receive):
+                return  # the client left mid-body
+            answer = await conn.head(method)
+        except UpstreamError as exc:
+            conn.abort()
+            await self._unreachable(node, placement, surface, scope, send, exc)
+            return
+        out = [(k, v) for k, v in answer.headers if k not in _HOP_OUT]
+        try:
             if placement is not None and surface == _Surface.NATIVE and _is_info(scope):
-                content_out = await response.aread()
-                if response.status == 200:
-                    info = json.loads(content_out)
+                content = await answer.read(MAX_INFO)
+                if answer.status == 200:
+                    info = json.loads(content)
                     info["node"] = {"node_id": node.node_id, "ip": node.ip}
-                    content_out = json.dumps(info).encode()
-                await _answer(send, response.status, content_out, out)
+                    content = json.dumps(info).encode()
+                answer.release()
+                await _answer(send, answer.status, content, out)
                 return
-            await send({"type": "http.response.start", "status": response.status, "headers": out})
-            await _until_disconnect(_pump(response, send), receive, body_done)
-        finally:
-            await response.aclose()
+            try:
+                step = answer.ready()
+            except UpstreamError as exc:
+                # Malformed from its first byte: still a cut stream, as below.
+                await send({"type": "http.response.start", "status": answer.status, "headers": out})
+                raise exc
+            if step is not None and step[1] and answer.has_body and method != b"HEAD":
+                # The whole answer is here already (a quick cell's few lines, an error):
+                # sent with its length, which saves the client a write for the end of
+                # a chunked body.
+                answer.release()
+                out.append((b"content-length", b"%d" % len(step[0])))
+                await send({"type": "http.response.start", "status": answer.status, "headers": out})
+                await send({"type": "http.response.body", "body": step[0]})
+                return
+            await send({"type": "http.response.start", "status": answer.status, "headers": out})
+            if step is not None and step[0]:
+                await send({"type": "http.response.body", "body": step[0], "more_body": True})
+            # The request was read whole: from now on the client's only message is its
+            # disconnect, which drops the node's connection (interrupting a cell there,
+            # as a client leaving does on one machine) and so ends the relay below.
+            watch = asyncio.ensure_future(_drop_on_disconnect(receive, conn))
+            try:
+                last = False
+                while not last:
+                    piece, last = await answer.next()
+                    if piece or last:
+                        await send(
+                            {"type": "http.response.body", "body": piece, "more_body": not last}
+                        )
+            finally:
+                watch.cancel()
+        except UpstreamError as exc:
+            # The node went away mid-answer (or the client left, which closed it): end
+            # the connection unfinished, so the client sees a cut stream (a cell's
+            # "died"), never a complete answer.
+            conn.abort()
+            log.info("the stream from a node was cut: %s", exc)
+            raise _ClientGone from None
+        answer.release()
 
-    def _host(self, url: str) -> bytes:
-        host = self._hosts.get(url)
-        if host is None:
-            host = self._hosts[url] = urllib.parse.urlsplit(url).netloc.encode("latin-1")
-        return host
+    async def _upload(
+        self,
+        conn: NodeConnection,
+        method: bytes,
+        target: bytes,
+        host: bytes,
+        headers: list[tuple[bytes, bytes]],
+        chunk: bytes,
+        receive: Receive,
+    ) -> bool:
+        """Stream a request body that comes in several messages; False if the client
+        left first (the node's connection is dropped: the call never completes)."""
+        chunked = not any(k == b"content-length" for k, _ in headers)
+        if chunked:
+            headers = [*headers, (b"transfer-encoding", b"chunked")]
+        await conn.write(request_head(method, target, host, headers))
+        while True:
+            if chunk:
+                await conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                conn.abort()
+                return False
+            chunk = message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        if chunk:
+            await conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+        if chunked:
+            await conn.write(b"0\r\n\r\n")
+        return True
 
     async def _unreachable(
         self,
@@ -682,40 +736,13 @@ async def _answer(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _pump(response: httpcore.Response, send: Send) -> None:
-    try:
-        async for chunk in response.aiter_stream():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except _UPSTREAM_ERRORS as exc:
-        # The node went away mid-answer: end the connection unfinished, so the client
-        # sees a cut stream (a cell's "died"), not a complete answer.
-        log.info("the stream from a node was cut: %s", exc)
-        raise _ClientGone from None
-    await send({"type": "http.response.body", "body": b""})
-
-
-async def _until_disconnect(pump: Any, receive: Receive, body_done: asyncio.Event) -> None:
-    """Run ``pump``, cancelled if the client disconnects (after its body was read)."""
-
-    async def disconnected() -> None:
-        await body_done.wait()
-        while True:
-            message: Message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-
-    call = asyncio.ensure_future(pump)
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait((call, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not call.done():
-            call.cancel()
-        with contextlib.suppress(asyncio.CancelledError, _ClientGone):
-            await call
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+async def _drop_on_disconnect(receive: Receive, conn: NodeConnection) -> None:
+    """Wait for the client's disconnect; then drop the node's connection."""
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            conn.abort()
+            return
 
 
 def create_front_door(
