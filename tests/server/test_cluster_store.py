@@ -115,3 +115,43 @@ def test_a_node_recovers_only_its_own_sandboxes(url: str) -> None:
     on_a, on_b = door.locate("on-a"), door.locate("on-b")
     assert on_a is not None and on_a.ended and not on_a.lost
     assert on_b is not None and not on_b.ended
+
+
+def test_a_drained_node_takes_no_new_sandbox_through_any_front_door(url: str) -> None:
+    one, other = ClusterStore(url), ClusterStore(url)  # two front doors
+    _start(url, A, "held")
+    assert one.drain("node-b", "maintenance") is True
+    assert other.drain("node-b") is False  # once: the first reason stays
+    assert other.draining() == {"node-b": "maintenance"}
+    placed = []
+    for i in range(1):  # node-a has 2 slots, one held
+        reservation, node = other.reserve("t", LOOSE, 512, [A, B])
+        _start(url, node, f"s{i}")
+        other.placed(reservation, f"s{i}", 512)
+        placed.append(node.node_id)
+    assert placed == ["node-a"]
+    with pytest.raises(ApiError) as full:
+        one.reserve("t", LOOSE, 512, [A, B])
+    assert full.value.type == "NoCapacity" and "1 of them draining" in full.value.message
+    # What it holds is still where it was; undrained, it takes new sandboxes again.
+    assert one.live_per_node() == {"node-a": 2}
+    assert other.undrain("node-b") is True and one.undrain("node-b") is False
+    assert one.reserve("t", LOOSE, 512, [A, B])[1].node_id == "node-b"
+
+
+def test_python_m_sandlot_ray_drains_and_lists(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    from sandlot.ray.__main__ import main
+
+    _start(url, A, "held")
+    assert main(["drain", "node-b", "--database", url, "--reason", "kernel update"]) == 0
+    assert main(["nodes", "--database", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "node-b: draining"
+    assert '"node_id": "node-a", "sandboxes": 1, "draining": null' in lines[1]
+    assert '"node_id": "node-b", "sandboxes": 0, "draining": "kernel update"' in lines[2]
+    assert ClusterStore(url).reserve("t", LOOSE, 512, [A, B])[1].node_id == "node-a"
+    assert main(["undrain", "node-b", "--database", url]) == 0
+    assert "takes new sandboxes" in capsys.readouterr().out

@@ -125,6 +125,9 @@ def cluster(tmp_path: Path) -> Iterator[Callable[[Script], tuple[ScriptedNode, s
             def confirm_lost(self, node_id: str) -> bool:
                 return False
 
+            def draining(self) -> set[str]:
+                return set()
+
         settings = ServerSettings(state_dir=tmp_path / "door", database_url=url)
         door = create_front_door(settings, Static(), refresh=60)
         sock = socket.socket()

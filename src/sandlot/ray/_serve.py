@@ -136,16 +136,23 @@ class RayDirectory:
         self._actors: dict[str, Any] = {}
         self._lost: set[str] = set()
         self._failed: dict[str, float] = {}
+        self._draining: set[str] = set()
 
     def nodes(self) -> list[NodeRef]:
         with self._lock:
             return [n for key, n in self._nodes.items() if key not in self._lost]
 
+    def draining(self) -> set[str]:
+        with self._lock:
+            return set(self._draining)
+
     def refresh(self) -> set[str]:
         listed: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
         alive = {n["NodeID"]: n for n in listed if n["Alive"]}
+        draining = ray_draining()
         now = time.monotonic()
         with self._lock:
+            self._draining = draining & set(alive)
             for node_id in self._nodes:
                 if node_id not in alive:
                     self._lost.add(node_id)
@@ -218,6 +225,26 @@ class RayDirectory:
             with contextlib.suppress(RayActorError, GetTimeoutError):
                 ray.get(actor.shutdown.remote(), timeout=60)
             ray.kill(actor)
+
+
+_warned = False
+
+
+def ray_draining() -> set[str]:
+    """The Ray nodes Ray is draining: the autoscaler scaling down or a preemption
+    notice (KubeRay, autoscaler v2), or ``ray drain-node``. Ray has no public call for
+    it yet; its own state accessor is used, and if a Ray version lacks it, no node is
+    seen draining (sandlot's own drain, ``python -m sandlot.ray drain``, still works)."""
+    global _warned
+    try:
+        from ray._private.state import state
+
+        return {str(node_id) for node_id in state.get_draining_nodes()}
+    except Exception as exc:  # a Ray without it: say so once, go on without
+        if not _warned:
+            _warned = True
+            log.warning("cannot ask Ray which nodes it drains (%s): only sandlot's drain", exc)
+        return set()
 
 
 def serve_cluster(

@@ -43,7 +43,7 @@ import sandlot
 from sandlot.server._cluster import ClusterStore, NodeRef, Placement
 from sandlot.server._e2b_control import _token
 from sandlot.server._manager import ApiError, effective_quotas
-from sandlot.server._relay import NodeConnection, NodePool, UpstreamError, request_head
+from sandlot.server._relay import Answer, NodeConnection, NodePool, UpstreamError, request_head
 from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._state import api_key_of
 from sandlot.server._store import Principal
@@ -79,6 +79,10 @@ class Directory(Protocol):
 
     def confirm_lost(self, node_id: str) -> bool:
         """Whether ``node_id`` (or its node service) is gone for good (blocking)."""
+
+    def draining(self) -> set[str]:
+        """The nodes the cluster itself is draining (as of the last refresh): the front
+        door records them in the shared store, where placement skips them."""
 
 
 class _Surface:
@@ -117,6 +121,7 @@ class FrontDoor:
         self.directory = directory
         self.refresh_interval = refresh
         self.lost: set[str] = set()
+        self._drained: set[str] = set()  # drains of the cluster's already recorded
         self._placements: dict[str, tuple[Placement, NodeRef]] = {}
         self._client = httpx.AsyncClient(
             # No read timeout: a cell's stream lasts as long as the cell, which the node
@@ -143,6 +148,12 @@ class FrontDoor:
         gone = await asyncio.to_thread(self.directory.refresh)
         for node_id in gone - self.lost:
             await self._mark_lost(node_id)
+        for node_id in self.directory.draining() - self._drained - self.lost:
+            await asyncio.to_thread(
+                self.store.drain, node_id, "the cluster drains it (scale-down or preemption)"
+            )
+            self._drained.add(node_id)
+            log.warning("sandlot node %s is draining: no new sandbox goes there", node_id)
 
     async def _mark_lost(self, node_id: str) -> None:
         boxes, cells = await asyncio.to_thread(self.store.node_lost, node_id)
@@ -243,12 +254,8 @@ class FrontDoor:
             await self._list_e2b(scope, send)
             return
         if path == "/files" and b"signature=" in scope.get("query_string", b""):
-            raise ApiError(
-                501,
-                "NotImplemented",
-                "signed file URLs are not routed by a cluster's front door yet; use "
-                "files.read / files.write",
-            )
+            await self._signed(scope, receive, send)
+            return
         for pattern, surface in (
             (_NATIVE_ID, _Surface.NATIVE),
             (_CONTROL_ID, _Surface.CONTROL),
@@ -550,57 +557,70 @@ class FrontDoor:
             conn.abort()
             await self._unreachable(node, placement, surface, scope, send, exc)
             return
-        out = [(k, v) for k, v in answer.headers if k not in _HOP_OUT]
+        info = placement is not None and surface == _Surface.NATIVE and _is_info(scope)
+        await _relay_answer(conn, answer, method, node if info else None, receive, send)
+
+    async def _signed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A signed file URL (E2B's ``download_url`` / ``upload_url``) names no sandbox:
+        only the node holding the sandbox whose token made the signature can check it.
+        It is asked of every live node at once; the first to accept it answers, the
+        others (401) are dropped. An upload's body is read whole first (it goes to
+        every node; the server's body limit bounds it)."""
+        body = await _read_body(receive, self.settings.max_body_bytes)
+        nodes = self._live()
+        if not nodes:
+            raise ApiError(503, "NoCapacity", "no live sandlot node in the cluster")
+        method: bytes = scope["method"].encode("latin-1")
+        headers = [(k, v) for k, v in _headers_in(scope) if k != b"content-length"]
+        if body or method not in (b"GET", b"HEAD", b"DELETE"):
+            headers.append((b"content-length", b"%d" % len(body)))
+        target = _target(scope).encode("latin-1")
+
+        async def ask(node: NodeRef) -> tuple[NodeConnection, Answer] | None:
+            try:
+                _, _, host = self._pool.address(node.url)
+                conn, _ = await self._pool.connection(node.url)
+            except UpstreamError:
+                return None  # its sandboxes are lost; the refresh will say so
+            try:
+                await conn.write(request_head(method, target, host, headers) + body)
+                return conn, await conn.head(method)
+            except UpstreamError:
+                conn.abort()
+                return None
+            except BaseException:  # cancelled: another node took it
+                conn.abort()
+                raise
+
+        asks = [asyncio.ensure_future(ask(node)) for node in nodes]
+        chosen: tuple[NodeConnection, Answer] | None = None
+        refused: tuple[NodeConnection, Answer] | None = None
         try:
-            if placement is not None and surface == _Surface.NATIVE and _is_info(scope):
-                content = await answer.read(MAX_INFO)
-                if answer.status == 200:
-                    info = json.loads(content)
-                    info["node"] = {"node_id": node.node_id, "ip": node.ip}
-                    content = json.dumps(info).encode()
-                answer.release()
-                await _answer(send, answer.status, content, out)
-                return
-            try:
-                step = answer.ready()
-            except UpstreamError as exc:
-                # Malformed from its first byte: still a cut stream, as below.
-                await send({"type": "http.response.start", "status": answer.status, "headers": out})
-                raise exc
-            if step is not None and step[1] and answer.has_body and method != b"HEAD":
-                # The whole answer is here already (a quick cell's few lines, an error):
-                # sent with its length, which saves the client a write for the end of
-                # a chunked body.
-                answer.release()
-                out.append((b"content-length", b"%d" % len(step[0])))
-                await send({"type": "http.response.start", "status": answer.status, "headers": out})
-                await send({"type": "http.response.body", "body": step[0]})
-                return
-            await send({"type": "http.response.start", "status": answer.status, "headers": out})
-            if step is not None and step[0]:
-                await send({"type": "http.response.body", "body": step[0], "more_body": True})
-            # The request was read whole: from now on the client's only message is its
-            # disconnect, which drops the node's connection (interrupting a cell there,
-            # as a client leaving does on one machine) and so ends the relay below.
-            watch = asyncio.ensure_future(_drop_on_disconnect(receive, conn))
-            try:
-                last = False
-                while not last:
-                    piece, last = await answer.next()
-                    if piece or last:
-                        await send(
-                            {"type": "http.response.body", "body": piece, "more_body": not last}
-                        )
-            finally:
-                watch.cancel()
-        except UpstreamError as exc:
-            # The node went away mid-answer (or the client left, which closed it): end
-            # the connection unfinished, so the client sees a cut stream (a cell's
-            # "died"), never a complete answer.
-            conn.abort()
-            log.info("the stream from a node was cut: %s", exc)
-            raise _ClientGone from None
-        answer.release()
+            for done in asyncio.as_completed(asks):
+                answered = await done
+                if answered is None:
+                    continue
+                if answered[1].status != 401:
+                    chosen = answered
+                    break
+                if refused is None:
+                    refused = answered  # relayed if no node accepts the signature
+                else:
+                    answered[0].abort()
+        finally:
+            for task in asks:
+                task.cancel()
+            for task in asks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    answered = await task
+                    if answered is not None and answered is not chosen and answered is not refused:
+                        answered[0].abort()
+        picked = chosen or refused
+        if chosen is not None and refused is not None:
+            refused[0].abort()
+        if picked is None:
+            raise ApiError(503, "NodeUnreachable", "no sandlot node answers for this file URL")
+        await _relay_answer(picked[0], picked[1], method, None, receive, send)
 
     async def _upload(
         self,
@@ -657,10 +677,19 @@ class FrontDoor:
     # --- the cluster, for operators and tests ------------------------------------------------
     async def _cluster(self, scope: Scope, send: Send) -> None:
         await self._authenticated(scope)
-        # As of the last membership check (every ``refresh`` seconds): a request never
+        # Membership as of the last check (every ``refresh`` seconds): a request never
         # triggers one, so no client can turn its requests into load on the cluster.
-        nodes = [
-            {"node_id": n.node_id, "ip": n.ip, "slots": n.slots, "lost": False}
+        draining = await asyncio.to_thread(self.store.draining)
+        live = await asyncio.to_thread(self.store.live_per_node)
+        nodes: list[dict[str, Any]] = [
+            {
+                "node_id": n.node_id,
+                "ip": n.ip,
+                "slots": n.slots,
+                "sandboxes": live.get(n.node_id, 0),
+                "draining": draining.get(n.node_id),
+                "lost": False,
+            }
             for n in self._live()
         ]
         nodes += [{"node_id": node_id, "lost": True} for node_id in sorted(self.lost)]
@@ -734,6 +763,68 @@ async def _answer(
     out.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": out})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _relay_answer(
+    conn: NodeConnection,
+    answer: Answer,
+    method: bytes,
+    info_of: NodeRef | None,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """Relay a node's answer to the client as it arrives; ``info_of``: a sandbox's info
+    (read whole, its node added). The client's disconnect closes the call to the node,
+    which interrupts a running cell there as it would on one machine."""
+    out = [(k, v) for k, v in answer.headers if k not in _HOP_OUT]
+    try:
+        if info_of is not None:
+            content = await answer.read(MAX_INFO)
+            if answer.status == 200:
+                info = json.loads(content)
+                info["node"] = {"node_id": info_of.node_id, "ip": info_of.ip}
+                content = json.dumps(info).encode()
+            answer.release()
+            await _answer(send, answer.status, content, out)
+            return
+        try:
+            step = answer.ready()
+        except UpstreamError as exc:
+            # Malformed from its first byte: still a cut stream, as below.
+            await send({"type": "http.response.start", "status": answer.status, "headers": out})
+            raise exc
+        if step is not None and step[1] and answer.has_body and method != b"HEAD":
+            # The whole answer is here already (a quick cell's few lines, an error):
+            # sent with its length, which saves the client a write for the end of
+            # a chunked body.
+            answer.release()
+            out.append((b"content-length", b"%d" % len(step[0])))
+            await send({"type": "http.response.start", "status": answer.status, "headers": out})
+            await send({"type": "http.response.body", "body": step[0]})
+            return
+        await send({"type": "http.response.start", "status": answer.status, "headers": out})
+        if step is not None and step[0]:
+            await send({"type": "http.response.body", "body": step[0], "more_body": True})
+        # The request was read whole: from now on the client's only message is its
+        # disconnect, which drops the node's connection (interrupting a cell there,
+        # as a client leaving does on one machine) and so ends the relay below.
+        watch = asyncio.ensure_future(_drop_on_disconnect(receive, conn))
+        try:
+            last = False
+            while not last:
+                piece, last = await answer.next()
+                if piece or last:
+                    await send({"type": "http.response.body", "body": piece, "more_body": not last})
+        finally:
+            watch.cancel()
+    except UpstreamError as exc:
+        # The node went away mid-answer (or the client left, which closed it): end
+        # the connection unfinished, so the client sees a cut stream (a cell's
+        # "died"), never a complete answer.
+        conn.abort()
+        log.info("the stream from a node was cut: %s", exc)
+        raise _ClientGone from None
+    answer.release()
 
 
 async def _drop_on_disconnect(receive: Receive, conn: NodeConnection) -> None:
