@@ -150,13 +150,12 @@ def cluster(tmp_path: Path) -> Iterator[Callable[[Script], tuple[ScriptedNode, s
         node.close()
 
 
-def _cell(door: str, key: str, **kwargs: object) -> httpx.Response:
+def _cell(door: str, key: str, headers: dict[str, str] | None = None) -> httpx.Response:
     return httpx.post(
         f"{door}/v1/sandboxes/sbx/execute",
         json={"code": "1 + 1"},
-        headers={"Authorization": f"Bearer {key}"},
+        headers=headers or {"Authorization": f"Bearer {key}"},
         timeout=30,
-        **kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -304,3 +303,18 @@ def test_a_streamed_upload_reaches_the_node_whole(
     assert response.status_code == 200
     assert response.content == b"".join(parts)
     assert b"transfer-encoding: chunked\r\n" in node.requests[0].lower()
+
+
+def test_an_interim_answer_is_skipped_and_expect_is_not_passed_on(
+    cluster: Callable[[Script], tuple[ScriptedNode, str, str]],
+) -> None:
+    def script(conn: socket.socket, body: bytes) -> None:
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+
+    node, door, key = cluster(script)
+    response = _cell(
+        door, key, headers={"Authorization": f"Bearer {key}", "Expect": "100-continue"}
+    )
+    assert response.status_code == 200 and response.content == b'{"code":"1 + 1"}'
+    assert b"expect:" not in node.requests[0].lower()

@@ -54,7 +54,18 @@ _NATIVE_ID = re.compile(r"^/v1/sandboxes/([^/]+)(/.*)?$")
 _CONTROL_ID = re.compile(r"^(?:/v2)?/sandboxes/([^/]+)(/.*)?$")
 _DEBUG_ID = re.compile(r"^/e2b/sandboxes/([^/]+)(/.*)?$")
 _HOP = frozenset(
-    {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"date"}
+    {
+        b"host",
+        b"connection",
+        b"keep-alive",
+        b"transfer-encoding",
+        b"te",
+        b"upgrade",
+        b"date",
+        # The client's "100-continue" was answered by the front door's own server when
+        # the body was asked for; the body goes on to the node without waiting.
+        b"expect",
+    }
 )
 _HOP_OUT = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"})
 NODE_KEEPALIVE = 30.0

@@ -286,8 +286,11 @@ class NodeConnection(asyncio.Protocol):
             status = int(parts[1])
         except ValueError:
             raise UpstreamError(f"the node's status line is malformed: {lines[0][:80]!r}") from None
+        if 100 <= status < 200:
+            # An interim answer (100 Continue, 103 Early Hints): the front door never
+            # asks for one, and the client's was answered by its own server. Skipped.
+            return await self.head(method)
         if status < 200 or status > 599:
-            # 1xx (100 Continue is never asked for): not relayed, not expected.
             raise UpstreamError(f"the node answered status {status}")
         headers: list[tuple[bytes, bytes]] = []
         length: int | None = None
