@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import ray
 from sandlot import InvalidArgumentError, SandboxStartError
+from sandlot.ray._cluster import ray_draining
 from sandlot.server import ClusterStore, NodeRef, ServerSettings, create_app, create_front_door
 
 log = logging.getLogger("sandlot.ray")
@@ -225,26 +226,6 @@ class RayDirectory:
             with contextlib.suppress(RayActorError, GetTimeoutError):
                 ray.get(actor.shutdown.remote(), timeout=60)
             ray.kill(actor)
-
-
-_warned = False
-
-
-def ray_draining() -> set[str]:
-    """The Ray nodes Ray is draining: the autoscaler scaling down or a preemption
-    notice (KubeRay, autoscaler v2), or ``ray drain-node``. Ray has no public call for
-    it yet; its own state accessor is used, and if a Ray version lacks it, no node is
-    seen draining (sandlot's own drain, ``python -m sandlot.ray drain``, still works)."""
-    global _warned
-    try:
-        from ray._private.state import state
-
-        return {str(node_id) for node_id in state.get_draining_nodes()}
-    except Exception as exc:  # a Ray without it: say so once, go on without
-        if not _warned:
-            _warned = True
-            log.warning("cannot ask Ray which nodes it drains (%s): only sandlot's drain", exc)
-        return set()
 
 
 def serve_cluster(
