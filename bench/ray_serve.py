@@ -183,7 +183,7 @@ def main() -> None:
                 "--ray-node-ip",
                 "127.0.0.2",
                 "--node-slots",
-                "16",
+                "64",
             ]
             door_p, door = _serve(door_args, base / "door", ENV)
             processes.append(door_p)
@@ -197,17 +197,6 @@ def main() -> None:
                 processes.append(base_p)
             headers = {"Authorization": f"Bearer {key}"}
             with httpx.Client(headers=headers, timeout=60) as client:
-                # Placement: creates through the door vs on the single server.
-                door_creates, single_creates, made = [], [], []
-                for _ in range(opts.creates):
-                    t, sid = _create(client, door)
-                    door_creates.append(t)
-                    made.append((door, sid))
-                    t, sid = _create(client, single)
-                    single_creates.append(t)
-                    made.append((single, sid))
-                for where, sid in made:
-                    client.delete(f"{where}/v1/sandboxes/{sid}")
                 # Cells: one sandbox through the door and at its node; one on the single server.
                 _, door_sid = _create(client, door)
                 _, single_sid = _create(client, single)
@@ -220,6 +209,21 @@ def main() -> None:
                         {"id": door_sid},
                     ).scalar_one()
                 store.close()
+                # Placement: creates through the door, at a node's own server (no
+                # admission, no hop) and on the single server.
+                door_creates, node_creates, single_creates = [], [], []
+                made = []
+                for _ in range(opts.creates):
+                    for where, times in (
+                        (door, door_creates),
+                        (node_url, node_creates),
+                        (single, single_creates),
+                    ):
+                        t, sid = _create(client, where)
+                        times.append(t)
+                        made.append((where, sid))
+                for where, sid in made:
+                    client.delete(f"{where}/v1/sandboxes/{sid}")
                 targets = [(door, door_sid), (node_url, door_sid), (single, single_sid)]
                 if base_door is not None:
                     targets.append((base_door, door_sid))
@@ -303,6 +307,7 @@ def main() -> None:
         "| path | creates | p50 ms | p90 ms | mean ms |",
         "|---|---|---|---|---|",
         _row("through the front door", door_creates),
+        _row("at a node's own server (no admission, no hop)", node_creates),
         _row("single-machine `sandlot serve`", single_creates),
         "",
     ]
