@@ -1,10 +1,13 @@
 """ClusterStore: placement and admission over a cluster's nodes, on a real database
-(SQLite here; PostgreSQL in tests/ray/test_ray_front_door.py), with no Ray and no
+(SQLite, and PostgreSQL where its binaries are installed), with no Ray and no
 sandbox: what the front door decides from the shared store."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,9 +22,45 @@ B = NodeRef("node-b", "10.0.0.2", "http://10.0.0.2:1", slots=3)
 LOOSE = Quotas(max_sandboxes=100, creates_per_minute=1000, max_memory_mb=10**6)
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'cluster.db'}"
+@pytest.fixture(autouse=True)
+def _close_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Close every store a test opens (a PostgreSQL connection left open warns)."""
+    opened: list[ClusterStore] = []
+    original = ClusterStore.__init__
+
+    def init(self: ClusterStore, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(ClusterStore, "__init__", init)
+    yield
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[str]:
+    from _postgres import postgres
+
+    with postgres("sandlot", prefix="pg-cluster-") as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.requires_postgres)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database: SQLite, and PostgreSQL (what a cluster runs on), whose
+    admission takes the advisory lock."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'cluster.db'}"
+    import sqlalchemy as sa
+
+    server: str = request.getfixturevalue("postgres_server")
+    name = f"t{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    engine.dispose()
+    return server.replace("/sandlot?", f"/{name}?")
 
 
 def _start(url: str, node: NodeRef, sandbox_id: str, tenant: str = "t") -> None:

@@ -193,28 +193,37 @@ class ClusterStore(Store):
             if self.engine.dialect.name == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PLACEMENT_LOCK)))
             conn.execute(placement_reservations.delete().where(sa.not_(fresh)))
-            count, memory = conn.execute(
+            # Two round trips for what admission reads (the lock is held meanwhile, so
+            # every query less is more creates a second across the cluster): the
+            # tenant's use, then each node's.
+            placed_live = sandboxes.join(
+                sandbox_nodes, sandbox_nodes.c.sandbox_id == sandboxes.c.sandbox_id
+            )
+            mine = sandboxes.c.tenant == tenant
+            held_mine = placement_reservations.c.tenant == tenant
+            count, memory, held, held_memory, recent = conn.execute(
                 sa.select(
-                    sa.func.count(), sa.func.coalesce(sa.func.sum(sandbox_nodes.c.memory_mb), 0)
+                    sa.select(sa.func.count())
+                    .select_from(placed_live)
+                    .where(mine, live)
+                    .scalar_subquery(),
+                    sa.select(sa.func.coalesce(sa.func.sum(sandbox_nodes.c.memory_mb), 0))
+                    .select_from(placed_live)
+                    .where(mine, live)
+                    .scalar_subquery(),
+                    sa.select(sa.func.count())
+                    .select_from(placement_reservations)
+                    .where(held_mine)
+                    .scalar_subquery(),
+                    sa.select(sa.func.coalesce(sa.func.sum(placement_reservations.c.memory_mb), 0))
+                    .where(held_mine)
+                    .scalar_subquery(),
+                    sa.select(sa.func.count())
+                    .select_from(sandboxes)
+                    .where(mine, sandboxes.c.created_at > now - 60)
+                    .scalar_subquery(),
                 )
-                .select_from(
-                    sandboxes.join(
-                        sandbox_nodes, sandbox_nodes.c.sandbox_id == sandboxes.c.sandbox_id
-                    )
-                )
-                .where(sandboxes.c.tenant == tenant, live)
             ).one()
-            held, held_memory = conn.execute(
-                sa.select(
-                    sa.func.count(),
-                    sa.func.coalesce(sa.func.sum(placement_reservations.c.memory_mb), 0),
-                ).where(placement_reservations.c.tenant == tenant)
-            ).one()
-            recent = conn.execute(
-                sa.select(sa.func.count()).where(
-                    sandboxes.c.tenant == tenant, sandboxes.c.created_at > now - 60
-                )
-            ).scalar_one()
             count, memory = int(count) + int(held), int(memory) + int(held_memory)
             if count >= quotas.max_sandboxes:
                 raise ApiError(
@@ -238,26 +247,24 @@ class ClusterStore(Store):
                     f"in the cluster (quota: {quotas.max_memory_mb} MiB); kill a sandbox or "
                     "ask for less",
                 )
-            drained = set(conn.execute(sa.select(cluster_nodes.c.node_id)).scalars())
-            open_nodes = [node for node in nodes if node.node_id not in drained]
-            used: dict[str, int] = {}
-            for node_id, n in conn.execute(
-                sa.select(sandbox_nodes.c.node_id, sa.func.count())
-                .select_from(
-                    sandboxes.join(
-                        sandbox_nodes, sandbox_nodes.c.sandbox_id == sandboxes.c.sandbox_id
-                    )
-                )
+            per_node = sa.union_all(
+                sa.select(sandbox_nodes.c.node_id, sa.literal(1).label("kind"), sa.func.count())
+                .select_from(placed_live)
                 .where(live)
-                .group_by(sandbox_nodes.c.node_id)
-            ):
-                used[node_id] = used.get(node_id, 0) + int(n)
-            for node_id, n in conn.execute(
-                sa.select(placement_reservations.c.node_id, sa.func.count()).group_by(
-                    placement_reservations.c.node_id
-                )
-            ):
-                used[node_id] = used.get(node_id, 0) + int(n)
+                .group_by(sandbox_nodes.c.node_id),
+                sa.select(
+                    placement_reservations.c.node_id, sa.literal(1).label("kind"), sa.func.count()
+                ).group_by(placement_reservations.c.node_id),
+                sa.select(cluster_nodes.c.node_id, sa.literal(0).label("kind"), sa.literal(0)),
+            )
+            used: dict[str, int] = {}
+            drained: set[str] = set()
+            for node_id, kind, n in conn.execute(per_node):
+                if kind:
+                    used[node_id] = used.get(node_id, 0) + int(n)
+                else:
+                    drained.add(node_id)
+            open_nodes = [node for node in nodes if node.node_id not in drained]
             free = sorted(
                 ((node.slots - used.get(node.node_id, 0), node) for node in open_nodes),
                 key=lambda pair: (-pair[0], pair[1].node_id),
