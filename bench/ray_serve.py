@@ -23,17 +23,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import glob
 import os
-import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -41,35 +37,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from _postgres import postgres  # noqa: E402
 from _ray_cluster import ENV, LocalRayCluster  # noqa: E402
 
 WAIT = 120.0
-
-
-@contextmanager
-def postgres() -> Iterator[str]:
-    bindir = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1])
-    base = Path(tempfile.mkdtemp(prefix="pg-bench-"))
-    base.chmod(0o755)
-    as_user: list[str] = []
-    if os.getuid() == 0:
-        as_user = ["runuser", "-u", "postgres", "--"]
-        shutil.chown(base, "postgres", "postgres")
-    data, sock = base / "data", base / "sock"
-
-    def run(*argv: str | Path) -> None:
-        subprocess.run([*as_user, *map(str, argv)], check=True, capture_output=True, timeout=120)
-
-    run("mkdir", sock)
-    run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "sandlot")
-    options = f"-k {sock} -c listen_addresses='' -c max_connections=300"
-    run(bindir / "pg_ctl", "-D", data, "-o", options, "-l", base / "log", "-w", "start")
-    try:
-        run(bindir / "createdb", "-h", sock, "-U", "sandlot", "sandlot")
-        yield f"postgresql+psycopg://sandlot@/sandlot?host={sock}"
-    finally:
-        run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _port() -> int:
@@ -128,6 +99,27 @@ def _create(client: httpx.Client, base: str) -> tuple[float, str]:
     return elapsed, str(answer.json()["sandbox_id"])
 
 
+def _spy(opts: argparse.Namespace, pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy recording ``pid`` (without pausing it) until sent SIGINT."""
+    return subprocess.Popen(
+        [
+            opts.py_spy,
+            "record",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "--rate",
+            "500",
+            "-p",
+            str(pid),
+            "-o",
+            str(out.with_suffix(".txt")),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def _cpu(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -146,12 +138,29 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=300)
     parser.add_argument("--creates", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a second front door from this source tree (a `src` directory, e.g. an "
+        "older commit's `git archive ... src`), measured in the same run on the same nodes",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="record the front door(s) with py-spy during the cells (flame graphs here)",
+    )
+    parser.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
     opts = parser.parse_args()
 
     import ray
     from sandlot.server import Store, TenantQuotas
 
-    with postgres() as database, tempfile.TemporaryDirectory(prefix="ray-serve-") as tmp:
+    with (
+        postgres("sandlot", prefix="pg-bench-", settings="-c max_connections=300") as database,
+        tempfile.TemporaryDirectory(prefix="ray-serve-") as tmp,
+    ):
         base = Path(tmp)
         store = Store(database)
         key = store.create_key("bench", TenantQuotas(1000, 100000, 10**8))
@@ -167,33 +176,27 @@ def main() -> None:
             (base / "door").mkdir()
             single_p, single = _serve(common, base / "single", {})
             processes.append(single_p)
-            door_p, door = _serve(
-                [
-                    *common,
-                    "--ray",
-                    cluster.address,
-                    "--ray-node-ip",
-                    "127.0.0.2",
-                    "--node-slots",
-                    "16",
-                ],
-                base / "door",
-                ENV,
-            )
+            door_args = [
+                *common,
+                "--ray",
+                cluster.address,
+                "--ray-node-ip",
+                "127.0.0.2",
+                "--node-slots",
+                "64",
+            ]
+            door_p, door = _serve(door_args, base / "door", ENV)
             processes.append(door_p)
+            base_door: str | None = None
+            if opts.baseline is not None:
+                # The same node services (started by the first door, from this tree):
+                # only the front door differs.
+                (base / "base-door").mkdir()
+                env = {**ENV, "PYTHONPATH": str(opts.baseline.resolve())}
+                base_p, base_door = _serve(door_args, base / "base-door", env)
+                processes.append(base_p)
             headers = {"Authorization": f"Bearer {key}"}
             with httpx.Client(headers=headers, timeout=60) as client:
-                # Placement: creates through the door vs on the single server.
-                door_creates, single_creates, made = [], [], []
-                for _ in range(opts.creates):
-                    t, sid = _create(client, door)
-                    door_creates.append(t)
-                    made.append((door, sid))
-                    t, sid = _create(client, single)
-                    single_creates.append(t)
-                    made.append((single, sid))
-                for where, sid in made:
-                    client.delete(f"{where}/v1/sandboxes/{sid}")
                 # Cells: one sandbox through the door and at its node; one on the single server.
                 _, door_sid = _create(client, door)
                 _, single_sid = _create(client, single)
@@ -206,21 +209,51 @@ def main() -> None:
                         {"id": door_sid},
                     ).scalar_one()
                 store.close()
-                for target, sid in ((door, door_sid), (node_url, door_sid), (single, single_sid)):
+                # Placement: creates through the door, at a node's own server (no
+                # admission, no hop) and on the single server.
+                door_creates, node_creates, single_creates = [], [], []
+                made = []
+                for _ in range(opts.creates):
+                    for where, times in (
+                        (door, door_creates),
+                        (node_url, node_creates),
+                        (single, single_creates),
+                    ):
+                        t, sid = _create(client, where)
+                        times.append(t)
+                        made.append((where, sid))
+                for where, sid in made:
+                    client.delete(f"{where}/v1/sandboxes/{sid}")
+                targets = [(door, door_sid), (node_url, door_sid), (single, single_sid)]
+                if base_door is not None:
+                    targets.append((base_door, door_sid))
+                for target, sid in targets:
                     for _ in range(20):  # warm the connections and the interpreter
                         _cell(client, target, sid)
                 # The front door's own background work (membership checks), per second.
                 cpu_before, wall_before = _cpu(door_p.pid), time.perf_counter()
                 time.sleep(5)
                 idle = (_cpu(door_p.pid) - cpu_before) / (time.perf_counter() - wall_before)
-                via_door, at_node, on_single = [], [], []
+                via_door, at_node, on_single, via_base = [], [], [], []
+                spies = []
+                if opts.profile is not None:
+                    opts.profile.mkdir(parents=True, exist_ok=True)
+                    for name, process in (("door", door_p), ("base-door", processes[-1])):
+                        if name == "base-door" and base_door is None:
+                            continue
+                        spies.append(_spy(opts, process.pid, opts.profile / name))
                 cpu_before, wall_before = _cpu(door_p.pid), time.perf_counter()
                 for _ in range(opts.cells):
                     via_door.append(_cell(client, door, door_sid))
                     at_node.append(_cell(client, node_url, door_sid))
                     on_single.append(_cell(client, single, single_sid))
+                    if base_door is not None:
+                        via_base.append(_cell(client, base_door, door_sid))
                 door_cpu = _cpu(door_p.pid) - cpu_before
                 door_wall = time.perf_counter() - wall_before
+                for spy in spies:
+                    spy.send_signal(2)
+                    spy.wait(timeout=60)
                 # The floor: a request the front door answers itself (its HTTP server only).
                 cpu_before = _cpu(door_p.pid)
                 for _ in range(opts.cells):
@@ -237,6 +270,15 @@ def main() -> None:
             cluster.close()
 
     overhead = [d - n for d, n in zip(via_door, at_node, strict=True)]
+    extra = []
+    if via_base:
+        extra = [
+            _row(f"front door from {opts.baseline}", via_base),
+            _row(
+                f"its overhead (door from {opts.baseline} - node)",
+                [d - n for d, n in zip(via_base, at_node, strict=True)],
+            ),
+        ]
     load = os.getloadavg()
     lines = [
         f"# sandlot serve --ray: routing and placement ({datetime.date.today()})",
@@ -252,6 +294,7 @@ def main() -> None:
         _row("at the node's own server", at_node),
         _row("single-machine `sandlot serve`", on_single),
         _row("front door overhead (door - node, same cell pairs)", overhead),
+        *extra,
         "",
         f"Front door process CPU: {door_cpu * 1000 / opts.cells:.2f} ms per cell routed "
         f"({door_cpu:.2f} s over {opts.cells} cells in {door_wall:.1f} s), of which its "
@@ -264,6 +307,7 @@ def main() -> None:
         "| path | creates | p50 ms | p90 ms | mean ms |",
         "|---|---|---|---|---|",
         _row("through the front door", door_creates),
+        _row("at a node's own server (no admission, no hop)", node_creates),
         _row("single-machine `sandlot serve`", single_creates),
         "",
     ]

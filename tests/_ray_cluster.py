@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,7 +108,15 @@ class LocalRayCluster:
         # test modules run in parallel processes (pytest-xdist): wait for the lock.
         self._lock = LOCK.open("a")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
-        self.base = base
+        # Ray puts its Unix sockets under each node's temp dir (session_<date>_<pid>/
+        # sockets/...), and a socket's path must fit in 107 bytes: pytest's temp dirs
+        # (deeper still under xdist) do not leave room. The nodes' dirs are short ones
+        # in /tmp, linked from ``base`` for the logs.
+        self._short = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+        base.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            (base / "nodes").symlink_to(self._short, target_is_directory=True)
+        self.base = self._short
         self.cpus = cpus
         self.nodes: list[RayNode] = []
         self.node_ids: dict[str, str] = {}
@@ -115,7 +124,7 @@ class LocalRayCluster:
         self._next_ip = 3
         self.head = RayNode(
             "127.0.0.2",
-            base / "head",
+            self.base / "head",
             ["--head", "--port", "0", "--include-dashboard=false", "--num-cpus", str(cpus)],
         )
         self.nodes.append(self.head)
@@ -180,5 +189,6 @@ class LocalRayCluster:
                 node.stop()
         finally:
             if not self._lock.closed:  # close() may run twice (a failed start)
+                shutil.rmtree(self._short, ignore_errors=True)
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
                 self._lock.close()

@@ -267,3 +267,39 @@ def test_a_drained_node_gets_no_new_work(cluster: Any, sandlot_cluster: Any) -> 
     assert node_id not in {e.node_id for e in out}
     with pytest.raises(NoCapacity):
         sandlot_cluster.create(node_id=node_id)
+
+
+def test_a_node_ray_drains_gets_no_new_work(cluster: Any, sandlot_cluster: Any) -> None:
+    """Ray's own drain (autoscaler scale-down, preemption; here ``ray drain-node``)
+    drains the sandlot node at the next refresh. Last: Ray has no undrain."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sandlot.ray import run_batch
+
+    node_id = cluster.node_ids["127.0.0.3"]
+    subprocess.run(
+        [
+            str(Path(sys.executable).with_name("ray")),
+            "drain-node",
+            "--address",
+            cluster.address,
+            "--node-id",
+            node_id,
+            "--reason",
+            "DRAIN_NODE_REASON_PREEMPTION",
+            "--reason-message",
+            "sandlot test",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    sandlot_cluster.refresh()
+    assert node_id not in {n.node_id for n in sandlot_cluster.nodes()}
+    drained = {n.node_id: n for n in sandlot_cluster.nodes(include_drained=True)}
+    assert drained[node_id].draining
+    out = run_batch([str(i) for i in range(8)], cluster=sandlot_cluster)
+    _ok(out)
+    assert node_id not in {e.node_id for e in out}

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -282,6 +283,38 @@ def test_the_unmodified_e2b_client_works_through_the_cluster(door: Door) -> None
     assert not sbx.is_running()
 
 
+def test_signed_file_urls_reach_the_sandbox_s_node(door: Door) -> None:
+    """E2B's ``download_url`` / ``upload_url`` name no sandbox, only a signature its
+    node can check: the front door asks every node, the right one answers."""
+    from e2b import Sandbox
+
+    opts = {"api_url": door.url, "sandbox_url": door.url, "api_key": door.key}
+    made = [Sandbox.create(timeout=120, secure=True, **opts) for _ in range(3)]
+    try:
+        for i, sbx in enumerate(made):
+            sbx.files.write("signed.txt", f"sandbox {i}")
+        # Placement spreads them: the signatures are checked on different nodes.
+        assert len({door.node_of(sbx.sandbox_id)["ip"] for sbx in made}) > 1
+        for i, sbx in enumerate(made):
+            assert httpx.get(sbx.download_url("signed.txt", "user")).text == f"sandbox {i}"
+            upload = httpx.post(
+                sbx.upload_url("up.txt", "user"), files={"file": ("up.txt", f"up {i}".encode())}
+            )
+            assert upload.status_code == 200, upload.text
+            assert sbx.files.read("up.txt") == f"up {i}"
+        url = made[0].download_url("signed.txt", "user")
+        tampered = httpx.get(url[:-2] + "xx")
+        assert tampered.status_code == 401
+        assert tampered.json()["message"] == "invalid signature for this file URL"
+        # A read signature does not allow a write, on any node.
+        denied = httpx.post(url, files={"file": ("signed.txt", b"overwritten")})
+        assert denied.status_code == 401
+        assert made[0].files.read("signed.txt") == "sandbox 0"
+    finally:
+        for sbx in made:
+            sbx.kill()
+
+
 def test_a_node_added_later_gets_new_sandboxes_and_its_loss_takes_only_its_own(
     door: Door, sixty: list[Any]
 ) -> None:
@@ -370,3 +403,42 @@ def test_a_node_added_later_gets_new_sandboxes_and_its_loss_takes_only_its_own(
     replacement.kill()
     for sbx in [*doomed, *small]:
         sbx.kill()  # idempotent for a lost sandbox
+
+
+def test_a_node_ray_drains_takes_no_new_sandbox_and_keeps_its_own(
+    door: Door, sixty: list[Any]
+) -> None:
+    """Ray's own drain (its autoscaler's scale-down or a preemption notice; here
+    ``ray drain-node``) reaches every front door: nothing new goes there, what it
+    holds answers on. Last in the module: Ray has no undrain."""
+    ip = "127.0.0.4"
+    node_id = door.cluster.node_ids[ip]
+    held = [s for s in sixty if door.node_of(s.sandbox_id)["ip"] == ip]
+    assert held, "placement put none of the sixty on the node to drain"
+    subprocess.run(
+        [
+            str(Path(sys.executable).with_name("ray")),
+            "drain-node",
+            "--address",
+            door.cluster.address,
+            "--node-id",
+            node_id,
+            "--reason",
+            "DRAIN_NODE_REASON_PREEMPTION",
+            "--reason-message",
+            "sandlot test",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=WAIT,
+    )
+    nodes = door.wait_nodes(lambda nodes: nodes[node_id].get("draining"))
+    assert nodes[node_id]["sandboxes"] >= len(held)
+    made = [door.sandbox() for _ in range(4)]
+    try:
+        assert ip not in {door.node_of(s.sandbox_id)["ip"] for s in made}
+        for sbx in held:
+            assert sbx.run_code("x").error is None
+    finally:
+        for sbx in made:
+            sbx.kill()

@@ -1,10 +1,13 @@
 """ClusterStore: placement and admission over a cluster's nodes, on a real database
-(SQLite here; PostgreSQL in tests/ray/test_ray_front_door.py), with no Ray and no
+(SQLite, and PostgreSQL where its binaries are installed), with no Ray and no
 sandbox: what the front door decides from the shared store."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,9 +22,45 @@ B = NodeRef("node-b", "10.0.0.2", "http://10.0.0.2:1", slots=3)
 LOOSE = Quotas(max_sandboxes=100, creates_per_minute=1000, max_memory_mb=10**6)
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'cluster.db'}"
+@pytest.fixture(autouse=True)
+def _close_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Close every store a test opens (a PostgreSQL connection left open warns)."""
+    opened: list[ClusterStore] = []
+    original = ClusterStore.__init__
+
+    def init(self: ClusterStore, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(ClusterStore, "__init__", init)
+    yield
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[str]:
+    from _postgres import postgres
+
+    with postgres("sandlot", prefix="pg-cluster-") as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.requires_postgres)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database: SQLite, and PostgreSQL (what a cluster runs on), whose
+    admission takes the advisory lock."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'cluster.db'}"
+    import sqlalchemy as sa
+
+    server: str = request.getfixturevalue("postgres_server")
+    name = f"t{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    engine.dispose()
+    return server.replace("/sandlot?", f"/{name}?")
 
 
 def _start(url: str, node: NodeRef, sandbox_id: str, tenant: str = "t") -> None:
@@ -115,3 +154,43 @@ def test_a_node_recovers_only_its_own_sandboxes(url: str) -> None:
     on_a, on_b = door.locate("on-a"), door.locate("on-b")
     assert on_a is not None and on_a.ended and not on_a.lost
     assert on_b is not None and not on_b.ended
+
+
+def test_a_drained_node_takes_no_new_sandbox_through_any_front_door(url: str) -> None:
+    one, other = ClusterStore(url), ClusterStore(url)  # two front doors
+    _start(url, A, "held")
+    assert one.drain("node-b", "maintenance") is True
+    assert other.drain("node-b") is False  # once: the first reason stays
+    assert other.draining() == {"node-b": "maintenance"}
+    placed = []
+    for i in range(1):  # node-a has 2 slots, one held
+        reservation, node = other.reserve("t", LOOSE, 512, [A, B])
+        _start(url, node, f"s{i}")
+        other.placed(reservation, f"s{i}", 512)
+        placed.append(node.node_id)
+    assert placed == ["node-a"]
+    with pytest.raises(ApiError) as full:
+        one.reserve("t", LOOSE, 512, [A, B])
+    assert full.value.type == "NoCapacity" and "1 of them draining" in full.value.message
+    # What it holds is still where it was; undrained, it takes new sandboxes again.
+    assert one.live_per_node() == {"node-a": 2}
+    assert other.undrain("node-b") is True and one.undrain("node-b") is False
+    assert one.reserve("t", LOOSE, 512, [A, B])[1].node_id == "node-b"
+
+
+def test_python_m_sandlot_ray_drains_and_lists(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    from sandlot.ray.__main__ import main
+
+    _start(url, A, "held")
+    assert main(["drain", "node-b", "--database", url, "--reason", "kernel update"]) == 0
+    assert main(["nodes", "--database", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "node-b: draining"
+    assert '"node_id": "node-a", "sandboxes": 1, "draining": null' in lines[1]
+    assert '"node_id": "node-b", "sandboxes": 0, "draining": "kernel update"' in lines[2]
+    assert ClusterStore(url).reserve("t", LOOSE, 512, [A, B])[1].node_id == "node-a"
+    assert main(["undrain", "node-b", "--database", url]) == 0
+    assert "takes new sandboxes" in capsys.readouterr().out

@@ -15,6 +15,7 @@ later call raises :class:`sandlot.NodeLost`; other nodes' sandboxes are untouche
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,27 @@ from sandlot.ray._node import NodeInfo, SandlotNode
 ACTOR_READY_TIMEOUT = 120.0
 """Seconds a new node actor may take to come up (a worker process, sandlot imported)."""
 ACTOR_NAME = "sandlot-node-{node_id}"
+log = logging.getLogger("sandlot.ray")
+
+
+_warned = False
+
+
+def ray_draining() -> set[str]:
+    """The Ray nodes Ray is draining: its autoscaler scaling down, a preemption notice
+    (KubeRay, a cloud's spot notice) or ``ray drain-node``. Ray has no public call for
+    it yet; its own state accessor is used, and on a Ray version without it no node is
+    seen draining (one warning), leaving sandlot's own drains."""
+    global _warned
+    try:
+        from ray._private.state import state
+
+        return {str(node_id) for node_id in state.get_draining_nodes()}
+    except Exception as exc:  # not a layer the policy needs: a signal, said once
+        if not _warned:
+            _warned = True
+            log.warning("cannot ask Ray which nodes it drains (%s): sandlot's drain only", exc)
+        return set()
 
 
 class NoCapacity(BackendError):
@@ -107,17 +129,26 @@ class SandlotCluster:
         the live, undrained nodes' advertised capacity."""
         listed: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
         alive = {n["NodeID"]: n for n in listed if n["Alive"]}
+        drained_by_ray = ray_draining()
         started: list[tuple[_Node, Any]] = []
+        to_drain: list[_Node] = []
         with self._lock:
             for node_id, node in self._nodes.items():
                 if node_id not in alive:
                     node.lost = True
+                elif node_id in drained_by_ray and not node.draining:
+                    # Ray drains it (scale-down, preemption): nothing new goes there.
+                    node.draining = True
+                    to_drain.append(node)
             for node_id, raw in alive.items():
                 if node_id in self._nodes:
                     continue
                 node = self._start_actor(node_id, raw)
                 self._nodes[node_id] = node
                 started.append((node, node.actor.info.remote()))
+        for node in to_drain:  # its actor too (it refuses what a stale caller sends)
+            with contextlib.suppress(RayActorError, RayTaskError, GetTimeoutError):
+                ray.get(node.actor.drain.remote(), timeout=ACTOR_READY_TIMEOUT)
         # Wait for new actors outside the lock: a slow start must not block callers.
         for node, ready in started:
             try:

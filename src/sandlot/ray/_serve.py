@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import ray
 from sandlot import InvalidArgumentError, SandboxStartError
+from sandlot.ray._cluster import ray_draining
 from sandlot.server import ClusterStore, NodeRef, ServerSettings, create_app, create_front_door
 
 log = logging.getLogger("sandlot.ray")
@@ -136,16 +137,23 @@ class RayDirectory:
         self._actors: dict[str, Any] = {}
         self._lost: set[str] = set()
         self._failed: dict[str, float] = {}
+        self._draining: set[str] = set()
 
     def nodes(self) -> list[NodeRef]:
         with self._lock:
             return [n for key, n in self._nodes.items() if key not in self._lost]
 
+    def draining(self) -> set[str]:
+        with self._lock:
+            return set(self._draining)
+
     def refresh(self) -> set[str]:
         listed: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
         alive = {n["NodeID"]: n for n in listed if n["Alive"]}
+        draining = ray_draining()
         now = time.monotonic()
         with self._lock:
+            self._draining = draining & set(alive)
             for node_id in self._nodes:
                 if node_id not in alive:
                     self._lost.add(node_id)
@@ -260,6 +268,8 @@ def serve_cluster(
         port=port,
         log_level="info",
         access_log=False,
+        # The front door reads no client address (the nodes audit their callers).
+        proxy_headers=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
     )

@@ -8,7 +8,9 @@ single-machine tables (tenants, keys, sandboxes, audit), two tables of its own:
   transaction before its ``sandboxes`` row), so any front door can route a call for it,
   and its memory (written by the front door that placed it) for the tenant's quota;
 * ``placement_reservations``: a create a front door has admitted and not finished yet,
-  counted against the tenant's quotas and the node's slots until the node answers.
+  counted against the tenant's quotas and the node's slots until the node answers;
+* ``cluster_nodes``: the nodes being drained (by an operator, or because Ray drains
+  them), which admission skips.
 
 A sandbox is live while its ``sandboxes`` row has no ``ended_at``: the node closes it
 when the sandbox is killed, reaped or expires, and a front door closes every row of a
@@ -52,6 +54,15 @@ placement_reservations = sa.Table(
     sa.Column("memory_mb", sa.Integer, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
 )
+
+cluster_nodes = sa.Table(
+    "cluster_nodes",
+    _metadata,
+    sa.Column("node_id", sa.String(64), primary_key=True),
+    sa.Column("draining_since", sa.Float, nullable=False),
+    sa.Column("reason", sa.String(256), nullable=False),
+)
+"""Nodes being drained: no front door places a sandbox there; what they hold runs on."""
 
 RESERVATION_TTL = 300.0
 """Seconds a reservation counts at most: one whose front door died mid-create stops
@@ -182,28 +193,37 @@ class ClusterStore(Store):
             if self.engine.dialect.name == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PLACEMENT_LOCK)))
             conn.execute(placement_reservations.delete().where(sa.not_(fresh)))
-            count, memory = conn.execute(
+            # Two round trips for what admission reads (the lock is held meanwhile, so
+            # every query less is more creates a second across the cluster): the
+            # tenant's use, then each node's.
+            placed_live = sandboxes.join(
+                sandbox_nodes, sandbox_nodes.c.sandbox_id == sandboxes.c.sandbox_id
+            )
+            mine = sandboxes.c.tenant == tenant
+            held_mine = placement_reservations.c.tenant == tenant
+            count, memory, held, held_memory, recent = conn.execute(
                 sa.select(
-                    sa.func.count(), sa.func.coalesce(sa.func.sum(sandbox_nodes.c.memory_mb), 0)
+                    sa.select(sa.func.count())
+                    .select_from(placed_live)
+                    .where(mine, live)
+                    .scalar_subquery(),
+                    sa.select(sa.func.coalesce(sa.func.sum(sandbox_nodes.c.memory_mb), 0))
+                    .select_from(placed_live)
+                    .where(mine, live)
+                    .scalar_subquery(),
+                    sa.select(sa.func.count())
+                    .select_from(placement_reservations)
+                    .where(held_mine)
+                    .scalar_subquery(),
+                    sa.select(sa.func.coalesce(sa.func.sum(placement_reservations.c.memory_mb), 0))
+                    .where(held_mine)
+                    .scalar_subquery(),
+                    sa.select(sa.func.count())
+                    .select_from(sandboxes)
+                    .where(mine, sandboxes.c.created_at > now - 60)
+                    .scalar_subquery(),
                 )
-                .select_from(
-                    sandboxes.join(
-                        sandbox_nodes, sandbox_nodes.c.sandbox_id == sandboxes.c.sandbox_id
-                    )
-                )
-                .where(sandboxes.c.tenant == tenant, live)
             ).one()
-            held, held_memory = conn.execute(
-                sa.select(
-                    sa.func.count(),
-                    sa.func.coalesce(sa.func.sum(placement_reservations.c.memory_mb), 0),
-                ).where(placement_reservations.c.tenant == tenant)
-            ).one()
-            recent = conn.execute(
-                sa.select(sa.func.count()).where(
-                    sandboxes.c.tenant == tenant, sandboxes.c.created_at > now - 60
-                )
-            ).scalar_one()
             count, memory = int(count) + int(held), int(memory) + int(held_memory)
             if count >= quotas.max_sandboxes:
                 raise ApiError(
@@ -227,34 +247,36 @@ class ClusterStore(Store):
                     f"in the cluster (quota: {quotas.max_memory_mb} MiB); kill a sandbox or "
                     "ask for less",
                 )
-            used: dict[str, int] = {}
-            for node_id, n in conn.execute(
-                sa.select(sandbox_nodes.c.node_id, sa.func.count())
-                .select_from(
-                    sandboxes.join(
-                        sandbox_nodes, sandbox_nodes.c.sandbox_id == sandboxes.c.sandbox_id
-                    )
-                )
+            per_node = sa.union_all(
+                sa.select(sandbox_nodes.c.node_id, sa.literal(1).label("kind"), sa.func.count())
+                .select_from(placed_live)
                 .where(live)
-                .group_by(sandbox_nodes.c.node_id)
-            ):
-                used[node_id] = used.get(node_id, 0) + int(n)
-            for node_id, n in conn.execute(
-                sa.select(placement_reservations.c.node_id, sa.func.count()).group_by(
-                    placement_reservations.c.node_id
-                )
-            ):
-                used[node_id] = used.get(node_id, 0) + int(n)
+                .group_by(sandbox_nodes.c.node_id),
+                sa.select(
+                    placement_reservations.c.node_id, sa.literal(1).label("kind"), sa.func.count()
+                ).group_by(placement_reservations.c.node_id),
+                sa.select(cluster_nodes.c.node_id, sa.literal(0).label("kind"), sa.literal(0)),
+            )
+            used: dict[str, int] = {}
+            drained: set[str] = set()
+            for node_id, kind, n in conn.execute(per_node):
+                if kind:
+                    used[node_id] = used.get(node_id, 0) + int(n)
+                else:
+                    drained.add(node_id)
+            open_nodes = [node for node in nodes if node.node_id not in drained]
             free = sorted(
-                ((node.slots - used.get(node.node_id, 0), node) for node in nodes),
+                ((node.slots - used.get(node.node_id, 0), node) for node in open_nodes),
                 key=lambda pair: (-pair[0], pair[1].node_id),
             )
             if not free or free[0][0] <= 0:
+                draining = len(nodes) - len(open_nodes)
                 raise ApiError(
                     503,
                     "NoCapacity",
                     "no sandlot node in the cluster has a free slot "
-                    f"({len(nodes)} live node(s)); retry later or add nodes",
+                    f"({len(nodes)} live node(s), {draining} of them draining); "
+                    "retry later or add nodes",
                 )
             node = free[0][1]
             reservation = uuid.uuid4().hex
@@ -268,6 +290,53 @@ class ClusterStore(Store):
                 )
             )
         return reservation, node
+
+    # --- draining ----------------------------------------------------------------------
+    def drain(self, node_id: str, reason: str = "drained by an operator") -> bool:
+        """Place nothing new on ``node_id`` from now on, through any front door; what
+        it holds runs on until killed, reaped or lost. False if it was draining
+        already (its first reason is kept)."""
+        if not node_id or len(node_id) > 64:
+            raise ApiError(400, "InvalidArgumentError", f"not a node id: {node_id!r}")
+        with self.engine.begin() as conn:
+            known = conn.execute(
+                sa.select(cluster_nodes.c.node_id).where(cluster_nodes.c.node_id == node_id)
+            ).first()
+            if known is not None:
+                return False
+            conn.execute(
+                cluster_nodes.insert().values(
+                    node_id=node_id, draining_since=time.time(), reason=reason[:256]
+                )
+            )
+        return True
+
+    def undrain(self, node_id: str) -> bool:
+        """Let ``node_id`` take new sandboxes again; False if it was not draining."""
+        with self.engine.begin() as conn:
+            gone = conn.execute(
+                cluster_nodes.delete().where(cluster_nodes.c.node_id == node_id)
+            ).rowcount
+        return bool(gone)
+
+    def draining(self) -> dict[str, str]:
+        """``{node_id: reason}`` of the nodes being drained."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(cluster_nodes.c.node_id, cluster_nodes.c.reason))
+            return {str(node_id): str(reason) for node_id, reason in rows}
+
+    def live_per_node(self) -> dict[str, int]:
+        """``{node_id: live sandboxes}`` (a drained node is empty at 0)."""
+        query = (
+            sa.select(sandbox_nodes.c.node_id, sa.func.count())
+            .select_from(
+                sandboxes.join(sandbox_nodes, sandbox_nodes.c.sandbox_id == sandboxes.c.sandbox_id)
+            )
+            .where(sandboxes.c.ended_at.is_(None))
+            .group_by(sandbox_nodes.c.node_id)
+        )
+        with self.engine.connect() as conn:
+            return {str(node_id): int(n) for node_id, n in conn.execute(query)}
 
     def placed(self, reservation: str, sandbox_id: str, memory_mb: int) -> None:
         """The node started the sandbox: its memory counts from its row now."""

@@ -32,11 +32,9 @@ import json
 import logging
 import re
 import socket
-import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
 
-import httpcore
 import httpx
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
@@ -45,6 +43,7 @@ import sandlot
 from sandlot.server._cluster import ClusterStore, NodeRef, Placement
 from sandlot.server._e2b_control import _token
 from sandlot.server._manager import ApiError, effective_quotas
+from sandlot.server._relay import Answer, NodeConnection, NodePool, UpstreamError, request_head
 from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._state import api_key_of
 from sandlot.server._store import Principal
@@ -55,15 +54,27 @@ _NATIVE_ID = re.compile(r"^/v1/sandboxes/([^/]+)(/.*)?$")
 _CONTROL_ID = re.compile(r"^(?:/v2)?/sandboxes/([^/]+)(/.*)?$")
 _DEBUG_ID = re.compile(r"^/e2b/sandboxes/([^/]+)(/.*)?$")
 _HOP = frozenset(
-    {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"date"}
+    {
+        b"host",
+        b"connection",
+        b"keep-alive",
+        b"transfer-encoding",
+        b"te",
+        b"upgrade",
+        b"date",
+        # The client's "100-continue" was answered by the front door's own server when
+        # the body was asked for; the body goes on to the node without waiting.
+        b"expect",
+    }
 )
-_UPSTREAM_ERRORS = (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException)
-"""What a call to a node that went away (or never answered) raises."""
 _HOP_OUT = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"})
 NODE_KEEPALIVE = 30.0
 """Seconds a front door keeps an idle connection to a node. Node servers keep theirs
 for 90 s (``sandlot.ray``): the front door always closes first, so it never sends a
 request on a connection the node is closing."""
+MAX_INFO = 1 << 20
+"""Bytes of a sandbox's info (``GET /v1/sandboxes/{id}``) the front door reads to add
+its node."""
 DEBUG_SANDBOX_ID = "debug"  # E2B's debug mode names no sandbox (sandlot.server._e2b)
 
 
@@ -79,6 +90,10 @@ class Directory(Protocol):
 
     def confirm_lost(self, node_id: str) -> bool:
         """Whether ``node_id`` (or its node service) is gone for good (blocking)."""
+
+    def draining(self) -> set[str]:
+        """The nodes the cluster itself is draining (as of the last refresh): the front
+        door records them in the shared store, where placement skips them."""
 
 
 class _Surface:
@@ -117,7 +132,8 @@ class FrontDoor:
         self.directory = directory
         self.refresh_interval = refresh
         self.lost: set[str] = set()
-        self._placements: dict[str, Placement] = {}
+        self._drained: set[str] = set()  # drains of the cluster's already recorded
+        self._placements: dict[str, tuple[Placement, NodeRef]] = {}
         self._client = httpx.AsyncClient(
             # No read timeout: a cell's stream lasts as long as the cell, which the node
             # bounds; connecting to a node on the cluster's network is quick or nothing.
@@ -133,13 +149,9 @@ class FrontDoor:
                 socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
             ),
         )
-        self._pool = httpcore.AsyncConnectionPool(
-            max_connections=None,
-            max_keepalive_connections=512,
-            keepalive_expiry=NODE_KEEPALIVE,
-            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-        )
-        self._hosts: dict[str, bytes] = {}
+        # The routed calls' own connections (sandlot.server._relay): a general client
+        # costs more per call than the relay itself.
+        self._pool = NodePool(keepalive=NODE_KEEPALIVE)
         self._refresher: asyncio.Task[None] | None = None
 
     # --- membership ---------------------------------------------------------------------
@@ -147,6 +159,12 @@ class FrontDoor:
         gone = await asyncio.to_thread(self.directory.refresh)
         for node_id in gone - self.lost:
             await self._mark_lost(node_id)
+        for node_id in self.directory.draining() - self._drained - self.lost:
+            await asyncio.to_thread(
+                self.store.drain, node_id, "the cluster drains it (scale-down or preemption)"
+            )
+            self._drained.add(node_id)
+            log.warning("sandlot node %s is draining: no new sandbox goes there", node_id)
 
     async def _mark_lost(self, node_id: str) -> None:
         boxes, cells = await asyncio.to_thread(self.store.node_lost, node_id)
@@ -201,7 +219,7 @@ class FrontDoor:
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._refresher
                 await self._client.aclose()
-                await self._pool.aclose()
+                self._pool.close()
                 await asyncio.to_thread(self.store.close)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -247,12 +265,8 @@ class FrontDoor:
             await self._list_e2b(scope, send)
             return
         if path == "/files" and b"signature=" in scope.get("query_string", b""):
-            raise ApiError(
-                501,
-                "NotImplemented",
-                "signed file URLs are not routed by a cluster's front door yet; use "
-                "files.read / files.write",
-            )
+            await self._signed(scope, receive, send)
+            return
         for pattern, surface in (
             (_NATIVE_ID, _Surface.NATIVE),
             (_CONTROL_ID, _Surface.CONTROL),
@@ -444,27 +458,38 @@ class FrontDoor:
         await _answer(send, 200, json.dumps(page).encode(), headers)
 
     # --- one sandbox ------------------------------------------------------------------------
-    async def _locate(self, sandbox_id: str) -> Placement | None:
-        placement = self._placements.get(sandbox_id)
-        if placement is None:
+    async def _locate(self, sandbox_id: str) -> tuple[Placement, NodeRef] | None:
+        """Where ``sandbox_id`` lives (cached: a sandbox never moves; whether its node is
+        lost is checked on every call, against ``self.lost``)."""
+        known = self._placements.get(sandbox_id)
+        if known is None:
             placement = await asyncio.to_thread(self.store.locate, sandbox_id)
-            if placement is not None and not placement.lost:
+            if placement is None:
+                return None
+            node = NodeRef(placement.node_id, placement.node_ip, placement.url, 0)
+            known = (placement, node)
+            if not placement.lost:
                 if len(self._placements) > 1_000_000:
                     self._placements.clear()
-                self._placements[sandbox_id] = placement
-        return placement
+                self._placements[sandbox_id] = known
+        return known
 
     async def _to_sandbox(
         self, sandbox_id: str, surface: str, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        placement = await self._locate(sandbox_id)
-        if placement is None:
+        known = await self._locate(sandbox_id)
+        if known is None:
             await self._gone(sandbox_id, None, surface, scope, send)
             return
+        placement, node = known
         if placement.lost or placement.node_id in self.lost:
+            self._placements.pop(sandbox_id, None)
             await self._gone(sandbox_id, placement, surface, scope, send)
             return
-        node = NodeRef(placement.node_id, placement.node_ip, placement.url, 0)
+        if scope["method"] == "DELETE":
+            # A kill (or a file's removal): the entry is not wrong after a kill (the
+            # node answers that the sandbox is gone), only no longer worth its memory.
+            self._placements.pop(sandbox_id, None)
         await self._forward(node, placement, surface, scope, receive, send)
 
     async def _gone(
@@ -515,70 +540,130 @@ class FrontDoor:
         """Stream the request to ``node`` and its answer back, unchanged (but the node
         named in a native sandbox's info). The client's disconnect closes the call to
         the node, which interrupts a running cell there as it would on one machine."""
-        body_done = asyncio.Event()
         first = await receive()
-        chunk = first.get("body", b"")
-        if not first.get("more_body", False):
-            body_done.set()
-            content: bytes | AsyncIterator[bytes] = chunk
-        else:
-
-            async def stream() -> AsyncIterator[bytes]:
-                yield chunk
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        raise _ClientGone
-                    yield message.get("body", b"")
-                    if not message.get("more_body", False):
-                        break
-                body_done.set()
-
-            content = stream()
-        # httpcore, not httpx, on this path: every routed call pays it, and httpx's
-        # request and response models cost more than the relay itself. Framing is
-        # h11's, from the headers: the client's own Content-Length or chunked body.
-        headers = _headers_in(scope)
-        headers.append((b"host", self._host(node.url)))
-        if isinstance(content, bytes):
-            headers = [(k, v) for k, v in headers if k != b"content-length"]
-            if content or scope["method"] not in ("GET", "HEAD", "DELETE"):
-                headers.append((b"content-length", str(len(content)).encode()))
-        elif not any(k == b"content-length" for k, _ in headers):
-            headers.append((b"transfer-encoding", b"chunked"))
-        request = httpcore.Request(
-            scope["method"].encode(),
-            (node.url + _target(scope)).encode("latin-1"),
-            headers=headers,
-            content=content,
-        )
-        try:
-            response = await self._pool.handle_async_request(request)
-        except _ClientGone:
+        if first["type"] == "http.disconnect":
             return
-        except _UPSTREAM_ERRORS as exc:
+        chunk: bytes = first.get("body", b"")
+        streamed = bool(first.get("more_body", False))
+        method: bytes = scope["method"].encode("latin-1")
+        headers = _headers_in(scope)
+        try:
+            _, _, host = self._pool.address(node.url)
+            conn, _ = await self._pool.connection(node.url)
+        except UpstreamError as exc:
             await self._unreachable(node, placement, surface, scope, send, exc)
             return
+        target = _target(scope).encode("latin-1")
         try:
-            out = [(k.lower(), v) for k, v in response.headers if k.lower() not in _HOP_OUT]
-            if placement is not None and surface == _Surface.NATIVE and _is_info(scope):
-                content_out = await response.aread()
-                if response.status == 200:
-                    info = json.loads(content_out)
-                    info["node"] = {"node_id": node.node_id, "ip": node.ip}
-                    content_out = json.dumps(info).encode()
-                await _answer(send, response.status, content_out, out)
-                return
-            await send({"type": "http.response.start", "status": response.status, "headers": out})
-            await _until_disconnect(_pump(response, send), receive, body_done)
-        finally:
-            await response.aclose()
+            if not streamed:
+                # The whole request in one write: head and body.
+                headers = [(k, v) for k, v in headers if k != b"content-length"]
+                if chunk or method not in (b"GET", b"HEAD", b"DELETE"):
+                    headers.append((b"content-length", str(len(chunk)).encode()))
+                await conn.write(request_head(method, target, host, headers) + chunk)
+            elif not await self._upload(conn, method, target, host, headers, chunk, receive):
+                return  # the client left mid-body
+            answer = await conn.head(method)
+        except UpstreamError as exc:
+            conn.abort()
+            await self._unreachable(node, placement, surface, scope, send, exc)
+            return
+        info = placement is not None and surface == _Surface.NATIVE and _is_info(scope)
+        await _relay_answer(conn, answer, method, node if info else None, receive, send)
 
-    def _host(self, url: str) -> bytes:
-        host = self._hosts.get(url)
-        if host is None:
-            host = self._hosts[url] = urllib.parse.urlsplit(url).netloc.encode("latin-1")
-        return host
+    async def _signed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A signed file URL (E2B's ``download_url`` / ``upload_url``) names no sandbox:
+        only the node holding the sandbox whose token made the signature can check it.
+        It is asked of every live node at once; the first to accept it answers, the
+        others (401) are dropped. An upload's body is read whole first (it goes to
+        every node; the server's body limit bounds it)."""
+        body = await _read_body(receive, self.settings.max_body_bytes)
+        nodes = self._live()
+        if not nodes:
+            raise ApiError(503, "NoCapacity", "no live sandlot node in the cluster")
+        method: bytes = scope["method"].encode("latin-1")
+        headers = [(k, v) for k, v in _headers_in(scope) if k != b"content-length"]
+        if body or method not in (b"GET", b"HEAD", b"DELETE"):
+            headers.append((b"content-length", b"%d" % len(body)))
+        target = _target(scope).encode("latin-1")
+
+        async def ask(node: NodeRef) -> tuple[NodeConnection, Answer] | None:
+            try:
+                _, _, host = self._pool.address(node.url)
+                conn, _ = await self._pool.connection(node.url)
+            except UpstreamError:
+                return None  # its sandboxes are lost; the refresh will say so
+            try:
+                await conn.write(request_head(method, target, host, headers) + body)
+                return conn, await conn.head(method)
+            except UpstreamError:
+                conn.abort()
+                return None
+            except BaseException:  # cancelled: another node took it
+                conn.abort()
+                raise
+
+        asks = [asyncio.ensure_future(ask(node)) for node in nodes]
+        chosen: tuple[NodeConnection, Answer] | None = None
+        refused: tuple[NodeConnection, Answer] | None = None
+        try:
+            for done in asyncio.as_completed(asks):
+                answered = await done
+                if answered is None:
+                    continue
+                if answered[1].status != 401:
+                    chosen = answered
+                    break
+                if refused is None:
+                    refused = answered  # relayed if no node accepts the signature
+                else:
+                    answered[0].abort()
+        finally:
+            for task in asks:
+                task.cancel()
+            for task in asks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    answered = await task
+                    if answered is not None and answered is not chosen and answered is not refused:
+                        answered[0].abort()
+        picked = chosen or refused
+        if chosen is not None and refused is not None:
+            refused[0].abort()
+        if picked is None:
+            raise ApiError(503, "NodeUnreachable", "no sandlot node answers for this file URL")
+        await _relay_answer(picked[0], picked[1], method, None, receive, send)
+
+    async def _upload(
+        self,
+        conn: NodeConnection,
+        method: bytes,
+        target: bytes,
+        host: bytes,
+        headers: list[tuple[bytes, bytes]],
+        chunk: bytes,
+        receive: Receive,
+    ) -> bool:
+        """Stream a request body that comes in several messages; False if the client
+        left first (the node's connection is dropped: the call never completes)."""
+        chunked = not any(k == b"content-length" for k, _ in headers)
+        if chunked:
+            headers = [*headers, (b"transfer-encoding", b"chunked")]
+        await conn.write(request_head(method, target, host, headers))
+        while True:
+            if chunk:
+                await conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                conn.abort()
+                return False
+            chunk = message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        if chunk:
+            await conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+        if chunked:
+            await conn.write(b"0\r\n\r\n")
+        return True
 
     async def _unreachable(
         self,
@@ -603,10 +688,19 @@ class FrontDoor:
     # --- the cluster, for operators and tests ------------------------------------------------
     async def _cluster(self, scope: Scope, send: Send) -> None:
         await self._authenticated(scope)
-        # As of the last membership check (every ``refresh`` seconds): a request never
+        # Membership as of the last check (every ``refresh`` seconds): a request never
         # triggers one, so no client can turn its requests into load on the cluster.
-        nodes = [
-            {"node_id": n.node_id, "ip": n.ip, "slots": n.slots, "lost": False}
+        draining = await asyncio.to_thread(self.store.draining)
+        live = await asyncio.to_thread(self.store.live_per_node)
+        nodes: list[dict[str, Any]] = [
+            {
+                "node_id": n.node_id,
+                "ip": n.ip,
+                "slots": n.slots,
+                "sandboxes": live.get(n.node_id, 0),
+                "draining": draining.get(n.node_id),
+                "lost": False,
+            }
             for n in self._live()
         ]
         nodes += [{"node_id": node_id, "lost": True} for node_id in sorted(self.lost)]
@@ -682,40 +776,75 @@ async def _answer(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _pump(response: httpcore.Response, send: Send) -> None:
+async def _relay_answer(
+    conn: NodeConnection,
+    answer: Answer,
+    method: bytes,
+    info_of: NodeRef | None,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """Relay a node's answer to the client as it arrives; ``info_of``: a sandbox's info
+    (read whole, its node added). The client's disconnect closes the call to the node,
+    which interrupts a running cell there as it would on one machine."""
+    out = [(k, v) for k, v in answer.headers if k not in _HOP_OUT]
     try:
-        async for chunk in response.aiter_stream():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except _UPSTREAM_ERRORS as exc:
-        # The node went away mid-answer: end the connection unfinished, so the client
-        # sees a cut stream (a cell's "died"), not a complete answer.
+        if info_of is not None:
+            content = await answer.read(MAX_INFO)
+            if answer.status == 200:
+                info = json.loads(content)
+                info["node"] = {"node_id": info_of.node_id, "ip": info_of.ip}
+                content = json.dumps(info).encode()
+            answer.release()
+            await _answer(send, answer.status, content, out)
+            return
+        try:
+            step = answer.ready()
+        except UpstreamError as exc:
+            # Malformed from its first byte: still a cut stream, as below.
+            await send({"type": "http.response.start", "status": answer.status, "headers": out})
+            raise exc
+        if step is not None and step[1] and answer.has_body and method != b"HEAD":
+            # The whole answer is here already (a quick cell's few lines, an error):
+            # sent with its length, which saves the client a write for the end of
+            # a chunked body.
+            answer.release()
+            out.append((b"content-length", b"%d" % len(step[0])))
+            await send({"type": "http.response.start", "status": answer.status, "headers": out})
+            await send({"type": "http.response.body", "body": step[0]})
+            return
+        await send({"type": "http.response.start", "status": answer.status, "headers": out})
+        if step is not None and step[0]:
+            await send({"type": "http.response.body", "body": step[0], "more_body": True})
+        # The request was read whole: from now on the client's only message is its
+        # disconnect, which drops the node's connection (interrupting a cell there,
+        # as a client leaving does on one machine) and so ends the relay below.
+        watch = asyncio.ensure_future(_drop_on_disconnect(receive, conn))
+        try:
+            last = False
+            while not last:
+                piece, last = await answer.next()
+                if piece or last:
+                    await send({"type": "http.response.body", "body": piece, "more_body": not last})
+        finally:
+            watch.cancel()
+    except UpstreamError as exc:
+        # The node went away mid-answer (or the client left, which closed it): end
+        # the connection unfinished, so the client sees a cut stream (a cell's
+        # "died"), never a complete answer.
+        conn.abort()
         log.info("the stream from a node was cut: %s", exc)
         raise _ClientGone from None
-    await send({"type": "http.response.body", "body": b""})
+    answer.release()
 
 
-async def _until_disconnect(pump: Any, receive: Receive, body_done: asyncio.Event) -> None:
-    """Run ``pump``, cancelled if the client disconnects (after its body was read)."""
-
-    async def disconnected() -> None:
-        await body_done.wait()
-        while True:
-            message: Message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-
-    call = asyncio.ensure_future(pump)
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait((call, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not call.done():
-            call.cancel()
-        with contextlib.suppress(asyncio.CancelledError, _ClientGone):
-            await call
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+async def _drop_on_disconnect(receive: Receive, conn: NodeConnection) -> None:
+    """Wait for the client's disconnect; then drop the node's connection."""
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            conn.abort()
+            return
 
 
 def create_front_door(
