@@ -11,7 +11,7 @@ Rows (each p50 / p95 / p99 over ``--runs`` runs, after one warm-up):
   (``E2B_API_URL``/``E2B_SANDBOX_URL`` at the server), ``Sandbox.create()`` -> first
   ``run_code`` result, when the package is installed and the server speaks E2B's wire;
 * ``1+1`` round trip: plain ``eval`` in this process (the floor), the local SDK, the
-  remote SDK over loopback, and the E2B client;
+  remote SDK over loopback (its cell WebSocket, then the HTTP route), and the E2B client;
 * ``HTTP floor``: the same client calls against a bare ASGI app on uvicorn that answers
   ``/execute`` with a canned two-line NDJSON body at once (no sandbox, no server work):
   what HTTP on loopback costs by itself, the part of a cell's overhead no server
@@ -192,6 +192,15 @@ def main() -> int:
                 rows.append(
                     _row("remote SDK: `1+1`", _time(lambda: sbx.run_code("1+1"), args.runs * 10))
                 )
+                # The same cells over the HTTP route (what a server without the cell
+                # WebSocket gets, and what the remote SDK sent before it).
+                sbx._core._socket_offered = False  # type: ignore[attr-defined]
+                rows.append(
+                    _row(
+                        "remote SDK over HTTP: `1+1`",
+                        _time(lambda: sbx.run_code("1+1"), args.runs * 10),
+                    )
+                )
             rows.extend(_e2b_rows(url, key, ready, args.runs))
             rows.extend(_floor_rows(url, key, args.runs))
         with _server(Path(tmp) / "cold", "--pool-size", "0") as (url, key, _):
@@ -251,6 +260,7 @@ def _overheads() -> list[str]:
     """Each server row's p50 less its local counterpart's."""
     pairs = [
         ("remote SDK: `1+1`", "local SDK: `1+1`"),
+        ("remote SDK over HTTP: `1+1`", "local SDK: `1+1`"),
         ("e2b client: `1+1`", "local SDK: `1+1`"),
         ("remote pool: create -> first result", "local pool: create -> first result"),
         ("e2b client: create -> first result", "local pool: create -> first result"),

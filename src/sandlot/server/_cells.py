@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
 from starlette.responses import StreamingResponse
@@ -211,15 +211,6 @@ class CellRunner:
                 **sizes,
             },
         )
-        self.metrics.executions.labels(outcome).inc()
-        self.metrics.execution_seconds.observe(execution.duration)
-        log.info(
-            "cell %s ended: %s in %.3f s%s",
-            cell.execution_id,
-            outcome,
-            execution.duration,
-            f" (interrupted: {cell.interrupted_by})" if cell.interrupted_by else "",
-        )
         if execution.execution_count is not None:
             push({"type": "number_of_executions", "execution_count": execution.execution_count})
         push(
@@ -237,6 +228,17 @@ class CellRunner:
                 else [event.to_dict() for event in execution.network],
             },
             last=True,
+        )
+        # After the end went out (its audit row was written before): the client does
+        # not wait for the bookkeeping.
+        self.metrics.executions.labels(outcome).inc()
+        self.metrics.execution_seconds.observe(execution.duration)
+        log.info(
+            "cell %s ended: %s in %.3f s%s",
+            cell.execution_id,
+            outcome,
+            execution.duration,
+            f" (interrupted: {cell.interrupted_by})" if cell.interrupted_by else "",
         )
 
 
@@ -372,9 +374,16 @@ def _ndjson(
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(put)
 
+    ended = False  # the stream's end was delivered: nothing after it is
+
     def push(item: dict[str, Any] | None, /, *, last: bool = False) -> None:
-        nonlocal waiting, cut
+        nonlocal waiting, cut, ended
+        if ended:
+            # E.g. the work's closing push(None) after a last=True message: waking the
+            # event loop for it would cost as much as a message, for nothing.
+            return
         if item is None:
+            ended = True
             deliver(None)
             return
         data = (json.dumps(item) + "\n").encode("utf-8")
@@ -406,6 +415,7 @@ def _ndjson(
             ).start()
             return
         if last:
+            ended = True
             deliver(data, None)
         else:
             deliver(data)
@@ -428,7 +438,9 @@ def _ndjson(
         nonlocal started
         if not started:
             started = True
-            loop.run_in_executor(executor, work, push)
+            # Not loop.run_in_executor: its future would wake the event loop once more
+            # when the work returns, after the stream has already ended (push(None)).
+            executor.submit(work, push).add_done_callback(_log_failure)
 
     def unread() -> None:
         if started and not read:
@@ -450,6 +462,12 @@ def _ndjson(
                 threading.Thread(target=on_abandon, name="sandlot-abandon", daemon=True).start()
 
     return start, chunks(), unread
+
+
+def _log_failure(future: Future[None]) -> None:
+    """A stream's work raised (a bug: a cell's work answers its own errors)."""
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.error("a stream's work failed", exc_info=exc)
 
 
 async def _batches(

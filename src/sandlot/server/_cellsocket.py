@@ -89,24 +89,35 @@ async def serve_cells(
         await _deny(scope, send, Refused(exc.status, exc.type, exc.message))
         return
     await send({"type": "websocket.accept"})
-    while True:
-        message = await receive()
-        if message["type"] != "websocket.receive":
-            return  # websocket.disconnect
-        try:
-            runner = await _admit(state, key, sandbox_id, message, status_of)
-        except Refused as exc:
-            await _send_refusal(send, exc)
-            if exc.final:
-                await send({"type": "websocket.close", "code": CLOSE_POLICY})
+    # The next message, always being waited for: during a cell, what says the client
+    # left (or broke the protocol); between cells, the next cell. One task for both
+    # saves making and cancelling one per cell.
+    listening = asyncio.ensure_future(receive())
+    try:
+        while True:
+            message = await listening
+            if message["type"] != "websocket.receive":
+                return  # websocket.disconnect
+            listening = asyncio.ensure_future(receive())
+            try:
+                runner = await _admit(state, key, sandbox_id, message, status_of)
+            except Refused as exc:
+                await _send_refusal(send, exc)
+                if exc.final:
+                    await send({"type": "websocket.close", "code": CLOSE_POLICY})
+                    return
+                continue
+            try:
+                ended = await _stream(state, runner, listening, send)
+            finally:
+                state.manager.release(runner.cell.entry)
+            if not ended:
                 return
-            continue
-        try:
-            ended = await _stream(state, runner, receive, send)
-        finally:
-            state.manager.release(runner.cell.entry)
-        if not ended:
-            return
+    finally:
+        if not listening.done():
+            listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening
 
 
 async def _principal(state: ServerState, key: str | None) -> Principal:
@@ -191,9 +202,12 @@ def _parse(state: ServerState, message: Message) -> Execute:
         raise Refused(422, "ValidationError", f"invalid request: {summary}") from None
 
 
-async def _stream(state: ServerState, runner: CellRunner, receive: Receive, send: Send) -> bool:
+async def _stream(
+    state: ServerState, runner: CellRunner, listening: asyncio.Future[Message], send: Send
+) -> bool:
     """Run the cell and send its stream; False if the connection ended meanwhile (the
-    client left, or sent something mid-cell: the cell is interrupted either way)."""
+    client left, or sent something mid-cell: ``listening``, the connection's next
+    message, came first; the cell is interrupted either way)."""
     cell = runner.cell
     start, chunks, _ = _ndjson(
         runner,
@@ -220,25 +234,22 @@ async def _stream(state: ServerState, runner: CellRunner, receive: Receive, send
             await stream.aclose()
 
     sending = asyncio.ensure_future(pump())
-    listening = asyncio.ensure_future(receive())
     try:
         await asyncio.wait((sending, listening), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        # Whichever is still running is not needed any more (or this connection is
-        # being cancelled): a cancelled receive leaves its message queued for the next.
-        for task in (sending, listening):
-            if not task.done():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await task
-    if not listening.cancelled():
-        if listening.result()["type"] == "websocket.receive":
+        if not sending.done():
+            sending.cancel()  # the client left (or this connection is being cancelled)
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await sending
+    if sending.cancelled() or sending.exception() is not None:
+        # The client left, or sent something before the cell's end (a client that had
+        # the end may already have sent its next cell: that is no violation).
+        violated = listening.done() and not listening.cancelled()
+        if violated and listening.result()["type"] == "websocket.receive":
             log.warning("a client sent a message during its cell; its connection is closed")
             with contextlib.suppress(OSError):
                 await send({"type": "websocket.close", "code": CLOSE_POLICY})
-        return False  # the client left (or broke the protocol): the cell was abandoned
-    if sending.cancelled() or sending.exception() is not None:
-        return False
+        return False  # the cell was abandoned (interrupted)
     if not last[last.rfind(b"\n", 0, -1) + 1 :].startswith(b'{"type": "end_of_execution"'):
         # Cut short (the client read too slowly): it waits for an end that will not
         # come, so the connection ends, as the HTTP response does.
