@@ -7,6 +7,12 @@ The server runs the very same local SDK, so results are the same values; the
 sandbox's limits and outcomes arrive as data in the NDJSON stream (see
 ``sandlot.server._cells``). ``Sandbox`` checks every argument before a request is
 sent, exactly as in local mode.
+
+Cells go over one WebSocket per sandbox (:class:`CellSocket`, opened at the first
+cell; the server's side is ``sandlot.server._cellsocket``): the same request and the
+same NDJSON stream, without an HTTP request and response per cell. A server that does
+not offer it gets them over HTTP (``POST .../execute``), as does a cell run while
+another one holds the socket.
 """
 
 from __future__ import annotations
