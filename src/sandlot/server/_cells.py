@@ -39,9 +39,13 @@ log = logging.getLogger("sandlot.server")
 class Push(Protocol):
     """Hands a stream a message; ``None`` ends the stream. ``last=True``: this message
     ends it too, delivered with the end in one step (the client has the whole
-    response at once, not the message and then, a moment later, the end)."""
+    response at once, not the message and then, a moment later, the end).
+    ``more=True``: another push follows at once; this message waits for it and goes
+    with it (the caller must make that push)."""
 
-    def __call__(self, item: dict[str, Any] | None, /, *, last: bool = False) -> None: ...
+    def __call__(
+        self, item: dict[str, Any] | None, /, *, last: bool = False, more: bool = False
+    ) -> None: ...
 
 
 OUTCOME = {
@@ -125,13 +129,28 @@ class CellRunner:
             sizes[f"{kind}_bytes"] += len(message.line.encode("utf-8", "replace"))
             push({"type": kind, "text": message.line, "timestamp": message.timestamp})
 
+        # The cell's main result (its last expression's value) comes just before its
+        # end, as the runner sends it: held to go out with the end (one write, one
+        # wake-up of the client) rather than alone a moment before it.
+        held: list[dict[str, Any]] = []
+
         def on_result(result: Result) -> None:
             message = result_message(result)
             if self.adapt_result is not None:
                 message = self.adapt_result(message)
             sizes["result_count"] += 1
             sizes["result_bytes"] += len(json.dumps(message))
+            if result.is_main_result and not held:
+                held.append(message)
+                return
             push(message)
+
+        def with_held(*ending: dict[str, Any]) -> None:
+            """Push what was held, then ``ending``, the stream's last messages, together."""
+            for message in (*held, *ending[:-1]):
+                push(message, more=True)
+            held.clear()
+            push(ending[-1], last=True)
 
         def on_error(error: ExecutionError) -> None:
             push({"type": "error", **(error_dict(error) or {})})
@@ -176,24 +195,28 @@ class CellRunner:
                     {"outcome": "killed", "status": "died", "error_name": type(exc).__name__},
                 )
                 self.metrics.executions.labels("killed").inc()
-                push({"type": "end_of_execution", "exception": exception_message(exc)}, last=True)
+                with_held({"type": "end_of_execution", "exception": exception_message(exc)})
                 return
-            self._finish(execution, sizes, push)
+            self._finish(execution, sizes, with_held)
         except Exception:
             log.exception("cell %s failed in the server", cell.execution_id)
-            push(
+            with_held(
                 {
                     "type": "end_of_execution",
                     "exception": {"type": "ServerError", "message": "internal server error"},
-                },
-                last=True,
+                }
             )
         finally:
             self.manager.touch(entry, -1)
             self.manager.end_cell(cell)
             push(None)
 
-    def _finish(self, execution: Execution, sizes: dict[str, int], push: Push) -> None:
+    def _finish(
+        self,
+        execution: Execution,
+        sizes: dict[str, int],
+        with_held: Callable[..., None],
+    ) -> None:
         cell = self.cell
         outcome = OUTCOME.get(execution.status, "killed")
         precheck = jsonable(getattr(execution, "precheck", None))
@@ -211,9 +234,13 @@ class CellRunner:
                 **sizes,
             },
         )
-        if execution.execution_count is not None:
-            push({"type": "number_of_executions", "execution_count": execution.execution_count})
-        push(
+        count = (
+            ()
+            if execution.execution_count is None
+            else ({"type": "number_of_executions", "execution_count": execution.execution_count},)
+        )
+        with_held(
+            *count,
             {
                 "type": "end_of_execution",
                 "execution_id": cell.execution_id,
@@ -227,7 +254,6 @@ class CellRunner:
                 if execution.network is None
                 else [event.to_dict() for event in execution.network],
             },
-            last=True,
         )
         # After the end went out (its audit row was written before): the client does
         # not wait for the bookkeeping.
@@ -376,7 +402,12 @@ def _ndjson(
 
     ended = False  # the stream's end was delivered: nothing after it is
 
-    def push(item: dict[str, Any] | None, /, *, last: bool = False) -> None:
+    def hold(data: bytes) -> None:
+        """Queue ``data`` for the next delivery, waking nothing (see Push's ``more``)."""
+        with handover:
+            pending.append(data)
+
+    def push(item: dict[str, Any] | None, /, *, last: bool = False, more: bool = False) -> None:
         nonlocal waiting, cut, ended
         if ended:
             # E.g. the work's closing push(None) after a last=True message: waking the
@@ -417,6 +448,8 @@ def _ndjson(
         if last:
             ended = True
             deliver(data, None)
+        elif more:
+            hold(data)
         else:
             deliver(data)
 
