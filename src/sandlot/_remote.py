@@ -842,8 +842,8 @@ class CellSocket:
     @classmethod
     def connect(cls, base_url: str, key: str, sandbox_id: str) -> CellSocket:
         """Open and upgrade; raises :class:`NoCellSocket` if the server does not offer
-        it, the typed error if it refuses this key or sandbox, ``OSError`` if the server
-        cannot be reached."""
+        it (or the handshake fails), the typed error if it refuses this key or sandbox,
+        ``OSError`` if the server cannot be reached at all."""
         url = httpx.URL(base_url)
         if url.scheme not in ("http", "https"):
             raise NoCellSocket(url.scheme)
@@ -872,6 +872,12 @@ class CellSocket:
             )
             self._handshake()
             return self
+        except OSError as exc:
+            # Connected, but no upgrade came of it (no answer in time, a reset, TLS
+            # refused, not HTTP): not offered here; HTTP reports what is wrong, if
+            # anything is.
+            sock.close()
+            raise NoCellSocket(f"the WebSocket handshake failed: {exc}") from exc
         except BaseException:
             sock.close()
             raise

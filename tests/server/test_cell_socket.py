@@ -408,3 +408,17 @@ def test_a_server_without_the_socket_gets_cells_over_http(
             assert [row["outcome"] for row in _audit(server, sbx.sandbox_id)] == ["ok"] * 3
     finally:
         server.stop()
+
+
+def test_a_server_that_never_answers_the_upgrade_is_not_offered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Connected, then nothing (a proxy or server that swallows the upgrade): the SDK
+    must not wait on it cell after cell, it goes over HTTP."""
+    import sandlot._remote
+
+    monkeypatch.setattr(sandlot._remote, "CONNECT_TIMEOUT", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as quiet:  # listens, never answers
+        url = f"http://127.0.0.1:{quiet.getsockname()[1]}"
+        with pytest.raises(NoCellSocket, match="handshake failed"):
+            CellSocket.connect(url, "sl_x_y", "sandbox")

@@ -47,6 +47,11 @@ from sandlot.server._store import Principal
 
 log = logging.getLogger("sandlot.server")
 
+IDLE_SECONDS = 60.0
+"""A connection with no cell for this long is closed (1001): idle connections do not
+pile up (a sandbox that ended meanwhile included). The SDK opens a new one for its
+next cell; it replaces its own after ``sandlot._remote.SOCKET_IDLE`` (10 s) anyway."""
+
 CLOSE_POLICY = 1008
 """WebSocket close code: the key or the sandbox is no longer good for this connection,
 or the client broke the protocol."""
@@ -95,7 +100,11 @@ async def serve_cells(
     listening = asyncio.ensure_future(receive())
     try:
         while True:
-            message = await listening
+            await asyncio.wait((listening,), timeout=IDLE_SECONDS)
+            if not listening.done():
+                await send({"type": "websocket.close", "code": 1001})
+                return
+            message = listening.result()
             if message["type"] != "websocket.receive":
                 return  # websocket.disconnect
             listening = asyncio.ensure_future(receive())
