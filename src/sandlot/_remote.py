@@ -8,7 +8,7 @@ sandbox's limits and outcomes arrive as data in the NDJSON stream (see
 ``sandlot.server._cells``). ``Sandbox`` checks every argument before a request is
 sent, exactly as in local mode.
 
-Cells go over one WebSocket per sandbox (:class:`CellSocket`, opened at the first
+Cells go over one WebSocket per sandbox (:class:`CellSocket`, opened at the second
 cell; the server's side is ``sandlot.server._cellsocket``): the same request and the
 same NDJSON stream, without an HTTP request and response per cell. A server that does
 not offer it gets them over HTTP (``POST .../execute``), as does a cell run while
@@ -203,6 +203,11 @@ class RemoteCore:
         self._socket: CellSocket | None = None
         self._socket_lock = threading.Lock()
         self._socket_offered = True  # until the server answers the upgrade otherwise
+        # The first cell goes over HTTP, on the connection the create left open: a
+        # handshake costs about as much as a request (~1 ms on loopback), which a
+        # sandbox that runs one cell would pay for nothing. The socket opens at the
+        # second, and every later cell saves about that much.
+        self._http_cells = 0
 
     @classmethod
     def open(cls, target: RemoteTarget, options: SandboxOptions) -> RemoteCore:
@@ -342,7 +347,9 @@ class RemoteCore:
             "env_vars": envs,
             "timeout": limit,
         }
-        if self._socket_offered and self._socket_lock.acquire(blocking=False):
+        if self._http_cells == 0:
+            self._http_cells = 1
+        elif self._socket_offered and self._socket_lock.acquire(blocking=False):
             try:
                 done = self._run_code_on_socket(body, limit, callbacks)
             finally:

@@ -107,6 +107,9 @@ def _connect(server: ServerProcess, key: str, sandbox_id: str) -> CellSocket:
 def test_cells_go_over_one_socket_with_the_http_routes_results_and_audit(
     server: ServerProcess, sbx: Sandbox
 ) -> None:
+    assert sbx.run_code("0").text == "0"
+    # The first cell went over HTTP, on the connection the create left open.
+    assert _on_socket(sbx) is None
     out: list[str] = []
     results: list[Any] = []
     first = sbx.run_code(
@@ -116,18 +119,18 @@ def test_cells_go_over_one_socket_with_the_http_routes_results_and_audit(
         on_result=results.append,
     )
     sock = _on_socket(sbx)
-    assert sock is not None, "the first cell did not open the socket"
+    assert sock is not None, "the second cell did not open the socket"
     assert first.text == "42" and first.logs.stdout == ["a\n"] and first.logs.stderr == ["b\n"]
     assert out == ["a\n", "err:b\n"] and [r.text for r in results] == ["42"]
-    assert first.status == "ok" and first.execution_count == 1 and first.usage is not None
+    assert first.status == "ok" and first.execution_count == 2 and first.usage is not None
     failed = sbx.run_code("1 / 0")
     assert failed.error is not None and failed.error.name == "ZeroDivisionError"
     assert failed.status == "error"
     assert _on_socket(sbx) is sock  # the same connection, cell after cell
     rows = _audit(server, sbx.sandbox_id)
-    assert [row["outcome"] for row in rows] == ["ok", "error"]
-    assert rows[0]["stdout_bytes"] == 2 and rows[0]["stderr_bytes"] == 2
-    assert rows[0]["result_count"] == 1
+    assert [row["outcome"] for row in rows] == ["ok", "ok", "error"]
+    assert rows[1]["stdout_bytes"] == 2 and rows[1]["stderr_bytes"] == 2
+    assert rows[1]["result_count"] == 1
 
 
 def test_a_cells_audit_row_is_written_before_its_output_returns(
@@ -143,7 +146,9 @@ def test_a_cell_timeout_and_a_kill_under_a_cell_are_as_over_http(
     server: ServerProcess, alice: str
 ) -> None:
     with Sandbox(api_url=server.url, api_key=alice) as sbx:
+        sbx.run_code("0")  # the first cell goes over HTTP
         slow = sbx.run_code("import time; time.sleep(30)", timeout=1)
+        assert _on_socket(sbx) is not None  # the timeout came as an answer, over the socket
         assert slow.status == "timeout" and slow.error is not None
         assert sbx.run_code("'after'").text == "'after'"
         assert _on_socket(sbx) is not None
@@ -216,6 +221,7 @@ def test_the_async_twin_streams_over_the_socket(server: ServerProcess, alice: st
 def test_an_idle_socket_is_replaced_not_reused(
     server: ServerProcess, sbx: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    sbx.run_code("0")
     sbx.run_code("1")
     first = _on_socket(sbx)
     assert first is not None

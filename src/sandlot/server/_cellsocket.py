@@ -1,6 +1,6 @@
 """Cells over one WebSocket per sandbox: ``GET /v1/sandboxes/{id}/cells`` (an upgrade).
 
-The remote SDK opens one at a sandbox's first cell and sends every later cell on it,
+The remote SDK opens one at a sandbox's second cell and sends every later cell on it,
 which saves an HTTP request and response per cell (on loopback, about half of a
 ``1+1`` cell's time over HTTP). The protocol, text frames of JSON::
 
