@@ -198,7 +198,7 @@ class RemoteCore:
         self._id: str | None = None
         self._restarts = 0
         self._target = target
-        # The sandbox's cell WebSocket, opened at its first cell; one cell at a time on
+        # The sandbox's cell WebSocket, opened at its second cell; one cell at a time on
         # it (a cell run meanwhile from another thread goes over HTTP).
         self._socket: CellSocket | None = None
         self._socket_lock = threading.Lock()
