@@ -11,7 +11,7 @@ Rows (each p50 / p95 / p99 over ``--runs`` runs, after one warm-up):
   (``E2B_API_URL``/``E2B_SANDBOX_URL`` at the server), ``Sandbox.create()`` -> first
   ``run_code`` result, when the package is installed and the server speaks E2B's wire;
 * ``1+1`` round trip: plain ``eval`` in this process (the floor), the local SDK, the
-  remote SDK over loopback, and the E2B client;
+  remote SDK over loopback (its cell WebSocket, then the HTTP route), and the E2B client;
 * ``HTTP floor``: the same client calls against a bare ASGI app on uvicorn that answers
   ``/execute`` with a canned two-line NDJSON body at once (no sandbox, no server work):
   what HTTP on loopback costs by itself, the part of a cell's overhead no server
@@ -28,6 +28,14 @@ values]}``. To compare two checkouts, run it with ``PYTHONPATH`` at each one's `
 (the servers it starts inherit it), then ``--compare BEFORE.json AFTER.json`` prints
 both. Numbers on a shared 2-core machine are noisy: read them next to the load average
 printed with them.
+
+On a busy machine two runs one after the other see different loads; ``--interleave
+OTHER_SRC`` instead times the ``1+1`` rows of the remote SDK (its socket, then HTTP)
+and the E2B client against this checkout's server and OTHER_SRC's (e.g. a ``git
+archive`` of an older commit), each with its own SDK, in alternating blocks of 25
+cells, so both see the same load::
+
+    .venv/bin/python bench/server.py --interleave /tmp/base/src --blocks 24
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -150,9 +159,22 @@ def main() -> int:
         metavar=("BEFORE", "AFTER"),
         help="print two --json files' p50s side by side and exit (measures nothing)",
     )
+    parser.add_argument(
+        "--interleave",
+        type=Path,
+        metavar="OTHER_SRC",
+        help="time the 1+1 rows against this checkout and OTHER_SRC alternately, and exit",
+    )
+    parser.add_argument("--blocks", type=int, default=24, help="blocks of 25 cells per row")
+    parser.add_argument("--interleave-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compare is not None:
         print(_compare(*args.compare))
+        return 0
+    if args.interleave_worker:
+        return _interleave_worker()
+    if args.interleave is not None:
+        print(_interleave(args.interleave, args.blocks))
         return 0
     rows: list[str] = []
 
@@ -191,6 +213,15 @@ def main() -> int:
                 ready()  # the pool's refill behind this create is not in the round trips
                 rows.append(
                     _row("remote SDK: `1+1`", _time(lambda: sbx.run_code("1+1"), args.runs * 10))
+                )
+                # The same cells over the HTTP route (what a server without the cell
+                # WebSocket gets, and what the remote SDK sent before it).
+                sbx._core._socket_offered = False  # type: ignore[attr-defined]
+                rows.append(
+                    _row(
+                        "remote SDK over HTTP: `1+1`",
+                        _time(lambda: sbx.run_code("1+1"), args.runs * 10),
+                    )
                 )
             rows.extend(_e2b_rows(url, key, ready, args.runs))
             rows.extend(_floor_rows(url, key, args.runs))
@@ -247,10 +278,107 @@ def _compare(before: Path, after: Path) -> str:
     return "\n".join(lines)
 
 
+_BLOCK = 25
+
+
+def _interleave_worker() -> int:
+    """One side of ``--interleave``: a server and its clients, timing a block of each
+    ``1+1`` row per line read from stdin, answering with the times as JSON."""
+    from e2b_code_interpreter import Sandbox as E2BSandbox
+
+    with (
+        tempfile.TemporaryDirectory(prefix="sandlot-bench-") as tmp,
+        _server(Path(tmp)) as (
+            url,
+            key,
+            _,
+        ),
+    ):
+        sdk = Sandbox(api_url=url, api_key=key)
+        http = Sandbox(api_url=url, api_key=key)
+        http._core._socket_offered = False  # type: ignore[attr-defined]
+        e2b = E2BSandbox.create(api_key=key, api_url=url, sandbox_url=url)
+        clients: dict[str, Any] = {
+            "remote SDK: `1+1`": sdk,
+            "remote SDK over HTTP: `1+1`": http,
+            "e2b client: `1+1`": e2b,
+        }
+        try:
+            for client in clients.values():
+                for _ in range(20):  # warm-up (and the SDK's socket opened)
+                    client.run_code("1+1")
+            print("ready", flush=True)
+            for _ in sys.stdin:
+                block = {}
+                for name, client in clients.items():
+                    times = []
+                    for _ in range(_BLOCK):
+                        started = time.perf_counter()
+                        client.run_code("1+1")
+                        times.append((time.perf_counter() - started) * 1000)
+                    block[name] = times
+                print(json.dumps(block), flush=True)
+        finally:
+            sdk.kill()
+            http.kill()
+            e2b.kill()
+    return 0
+
+
+def _interleave(other: Path, blocks: int) -> str:
+    """``--interleave``: both checkouts' ``1+1`` rows, timed in alternating blocks."""
+    here = Path(__file__).resolve().parents[1] / "src"
+    sides = {"this checkout": str(here), str(other): str(other)}
+    workers = {}
+    for side, path in sides.items():
+        env = {**os.environ, "PYTHONPATH": path}
+        workers[side] = subprocess.Popen(
+            [sys.executable, __file__, "--interleave-worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+    try:
+        for worker in workers.values():
+            assert worker.stdout is not None
+            if worker.stdout.readline().strip() != "ready":
+                raise RuntimeError("an --interleave worker did not start")
+        measured: dict[str, dict[str, list[float]]] = {side: {} for side in sides}
+        for _ in range(blocks):
+            for side, worker in workers.items():
+                assert worker.stdin is not None and worker.stdout is not None
+                worker.stdin.write("go\n")
+                worker.stdin.flush()
+                for name, times in json.loads(worker.stdout.readline()).items():
+                    measured[side].setdefault(name, []).extend(times)
+    finally:
+        for worker in workers.values():
+            if worker.stdin is not None:
+                worker.stdin.close()
+            worker.wait(120)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    mine, theirs = measured["this checkout"], measured[str(other)]
+    lines = [
+        f"Interleaved, {blocks} blocks of {_BLOCK} cells per row (load average {load}):",
+        "",
+        f"| row | {other} p50 / p95 ms | this checkout p50 / p95 ms |",
+        "|---|---|---|",
+    ]
+    for name in mine:
+        cells = [
+            f"{_pct(values, 50):.2f} / {_pct(values, 95):.2f}"
+            for values in (theirs.get(name, []), mine[name])
+        ]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def _overheads() -> list[str]:
     """Each server row's p50 less its local counterpart's."""
     pairs = [
         ("remote SDK: `1+1`", "local SDK: `1+1`"),
+        ("remote SDK over HTTP: `1+1`", "local SDK: `1+1`"),
         ("e2b client: `1+1`", "local SDK: `1+1`"),
         ("remote pool: create -> first result", "local pool: create -> first result"),
         ("e2b client: create -> first result", "local pool: create -> first result"),

@@ -7,22 +7,33 @@ The server runs the very same local SDK, so results are the same values; the
 sandbox's limits and outcomes arrive as data in the NDJSON stream (see
 ``sandlot.server._cells``). ``Sandbox`` checks every argument before a request is
 sent, exactly as in local mode.
+
+Cells go over one WebSocket per sandbox (:class:`CellSocket`, opened at the second
+cell; the server's side is ``sandlot.server._cellsocket``): the same request and the
+same NDJSON stream, without an HTTP request and response per cell. A server that does
+not offer it gets them over HTTP (``POST .../execute``), as does a cell run while
+another one holds the socket.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import os
 import socket
 import ssl
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import httpx
+import wsproto
+import wsproto.events as ws
 
 from sandlot import _exceptions as errors
 from sandlot._core import HOST_BACKSTOP, REQUEST_TIMEOUT, SandboxOptions
@@ -60,6 +71,14 @@ server's answer before it gives up on the connection."""
 
 STDIN_PIECE = 512 * 1024
 """Bytes of stdin per request (base64 makes them 4/3 as many on the wire)."""
+
+SOCKET_IDLE = 10.0
+"""Seconds a sandbox's cell WebSocket may sit unused and still be used again; an older
+one is closed and a new one opened. Below what ASGI servers allow a client that does not
+answer their keep-alive pings (uvicorn: 20 s ping interval + 20 s timeout), so a cell is
+never sent on a connection the server is about to drop."""
+
+CONNECT_TIMEOUT = 10.0
 
 _RESULT_FIELDS = {f.name for f in fields(Result)}
 
@@ -178,6 +197,17 @@ class RemoteCore:
         self._closed = False
         self._id: str | None = None
         self._restarts = 0
+        self._target = target
+        # The sandbox's cell WebSocket, opened at its second cell; one cell at a time on
+        # it (a cell run meanwhile from another thread goes over HTTP).
+        self._socket: CellSocket | None = None
+        self._socket_lock = threading.Lock()
+        self._socket_offered = True  # until the server answers the upgrade otherwise
+        # The first cell goes over HTTP, on the connection the create left open: a
+        # handshake costs about as much as a request (~1 ms on loopback), which a
+        # sandbox that runs one cell would pay for nothing. The socket opens at the
+        # second, and every later cell saves about that much.
+        self._http_cells = 0
 
     @classmethod
     def open(cls, target: RemoteTarget, options: SandboxOptions) -> RemoteCore:
@@ -283,6 +313,18 @@ class RemoteCore:
             pass  # the server is gone; its sandboxes went with it
         finally:
             self._client.close()
+            # A cell running on the socket meanwhile ends with the sandbox (typed, as
+            # over HTTP); its thread closes the socket then.
+            if self._socket_lock.acquire(blocking=False):
+                try:
+                    self._drop_socket()
+                finally:
+                    self._socket_lock.release()
+
+    def _drop_socket(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
     def interrupt(self, context: str) -> None:
         self._request("POST", self._path("/interrupt"), json={"context_id": context})
@@ -305,6 +347,15 @@ class RemoteCore:
             "env_vars": envs,
             "timeout": limit,
         }
+        if self._http_cells == 0:
+            self._http_cells = 1
+        elif self._socket_offered and self._socket_lock.acquire(blocking=False):
+            try:
+                done = self._run_code_on_socket(body, limit, callbacks)
+            finally:
+                self._socket_lock.release()
+            if done is not None:
+                return done
         execution = Execution()
         wait = httpx.Timeout(limit + HOST_BACKSTOP + STREAM_SLACK, connect=10.0)
         ended = False
@@ -334,6 +385,62 @@ class RemoteCore:
                 f"the connection to the sandlot server was lost ({exc}); what the cell "
                 "printed before is kept",
             )
+        return execution if ended else _aborted(execution, *failure)
+
+    def _run_code_on_socket(
+        self, body: dict[str, Any], limit: float, callbacks: Callbacks
+    ) -> Execution | None:
+        """The cell over the sandbox's WebSocket (opened now if need be), with what the
+        HTTP route would return; None if the server does not offer the socket or cannot
+        be reached now (the caller goes over HTTP, which reports it as ever)."""
+        self._path()  # SandboxClosed once killed, as over HTTP
+        sock = self._socket
+        if sock is not None and not sock.alive():
+            self._drop_socket()
+            sock = None
+        if sock is None:
+            try:
+                sock = CellSocket.connect(self._target.url, self._target.key, self.sandbox_id)
+            except NoCellSocket:
+                self._socket_offered = False
+                return None
+            except OSError:
+                return None
+            self._socket = sock
+        execution = Execution()
+        ended = False
+        failure = ("died", "SandboxLostError", "the server ended the stream early")
+        try:
+            stream = sock.cell(body, limit + HOST_BACKSTOP + STREAM_SLACK)
+            try:
+                first = next(stream)
+            except NotSent:
+                # Never run: over HTTP then, which answers (or reports) it as ever,
+                # e.g. a 413 for a cell over the server's body limit.
+                self._drop_socket()
+                return None
+            for message in itertools.chain((first,), stream):
+                if not ended:
+                    ended = self._fold(execution, message, callbacks)
+        except TimeoutError:
+            failure = (
+                "timeout",
+                "TimeoutError",
+                f"execution timed out after {limit:g} seconds and the server did not answer",
+            )
+        except OSError as exc:
+            failure = (
+                "died",
+                "SandboxLostError",
+                f"the connection to the sandlot server was lost ({exc}); what the cell "
+                "printed before is kept",
+            )
+        finally:
+            # Mid-cell (a timeout, a callback that raised, a lost connection): the
+            # connection goes, which the server takes as a disconnect (it interrupts the
+            # cell), exactly as when an HTTP response is closed half-read.
+            if sock.busy or sock.closed or self._closed:
+                self._drop_socket()
         return execution if ended else _aborted(execution, *failure)
 
     @staticmethod
@@ -713,3 +820,206 @@ def _aborted(execution: Execution, status: Any, name: str, value: str) -> Execut
     execution.status = status
     execution.error = ExecutionError(name, value)
     return execution
+
+
+class NoCellSocket(Exception):
+    """The server does not offer the cell WebSocket (an older server, a proxy or ASGI
+    server in between that does not pass the upgrade on): cells go over HTTP."""
+
+
+class NotSent(ConnectionError):
+    """The connection failed before the server had the whole cell: it did not run it."""
+
+
+class CellSocket:
+    """One sandbox's cell WebSocket (``/v1/sandboxes/{id}/cells``, see
+    ``sandlot.server._cellsocket``): one cell at a time, each a request frame and then
+    the cell's NDJSON stream, as the HTTP route sends it, in one or more frames.
+
+    Blocking, on a plain socket (TLS for ``https://``) with wsproto's protocol state
+    machine; the async twin runs it in a worker thread as it runs the HTTP client."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+        self.closed = False
+        self.busy = False  # a cell was sent and its stream has not ended
+        self.used = time.monotonic()
+
+    @classmethod
+    def connect(cls, base_url: str, key: str, sandbox_id: str) -> CellSocket:
+        """Open and upgrade; raises :class:`NoCellSocket` if the server does not offer
+        it (or the handshake fails), the typed error if it refuses this key or sandbox,
+        ``OSError`` if the server cannot be reached at all."""
+        url = httpx.URL(base_url)
+        if url.scheme not in ("http", "https"):
+            raise NoCellSocket(url.scheme)
+        proxies = urllib.request.getproxies()
+        if (url.scheme in proxies or "all" in proxies) and not urllib.request.proxy_bypass(
+            url.host
+        ):
+            raise NoCellSocket("a proxy is configured")  # it may not pass the upgrade on
+        port = url.port or (443 if url.scheme == "https" else 80)
+        sock = socket.create_connection((url.host, port), timeout=CONNECT_TIMEOUT)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if url.scheme == "https":
+                sock = _tls_context().wrap_socket(sock, server_hostname=url.host)
+            self = cls(sock)
+            host = url.host if url.port is None else f"{url.host}:{url.port}"
+            target = f"{url.path.rstrip('/')}/v1/sandboxes/{sandbox_id}/cells"
+            self._sock.sendall(
+                self._ws.send(
+                    ws.Request(
+                        host=host,
+                        target=target,
+                        extra_headers=[(b"authorization", f"Bearer {key}".encode())],
+                    )
+                )
+            )
+            self._handshake()
+            return self
+        except OSError as exc:
+            # Connected, but no upgrade came of it (no answer in time, a reset, TLS
+            # refused, not HTTP): not offered here; HTTP reports what is wrong, if
+            # anything is.
+            sock.close()
+            raise NoCellSocket(f"the WebSocket handshake failed: {exc}") from exc
+        except BaseException:
+            sock.close()
+            raise
+
+    def _handshake(self) -> None:
+        status: int | None = None
+        headers: dict[bytes, bytes] = {}
+        body = b""
+        for event in self._events():
+            if isinstance(event, ws.AcceptConnection):
+                self._sock.settimeout(None)
+                return
+            if isinstance(event, ws.RejectConnection):
+                status, headers = event.status_code, dict(event.headers)
+                if not event.has_body:
+                    break
+            elif isinstance(event, ws.RejectData):
+                body += event.data
+                if len(body) > 64 * 1024:
+                    break
+                if event.body_finished:
+                    break
+        self.close()
+        # The server's own refusal (a key or a sandbox it does not accept) is answered
+        # as the HTTP route would answer it; anything else means no WebSocket here.
+        error: Any = None
+        if headers.get(b"content-type", b"").startswith(b"application/json"):
+            with contextlib.suppress(ValueError):
+                error = json.loads(body)
+        if isinstance(error, dict) and error.get("type") and status is not None:
+            raise _error(str(error["type"]), str(error.get("message")), status)
+        raise NoCellSocket(f"the server answered the upgrade with {status}")
+
+    def _events(self) -> Iterator[ws.Event]:
+        """The connection's events as they arrive (pings answered here); ``OSError``
+        (``TimeoutError`` included) as the socket raises it."""
+        while True:
+            for event in self._ws.events():
+                if isinstance(event, ws.Ping):
+                    self._sock.sendall(self._ws.send(event.response()))
+                    continue
+                yield event
+            if self.closed:
+                raise ConnectionError("the server closed the connection")
+            data = self._sock.recv(256 * 1024)
+            if not data:
+                # wsproto reports the abrupt end as a close (1006) on the next pass.
+                self.closed = True
+            try:
+                self._ws.receive_data(data or None)
+            except wsproto.utilities.ProtocolError as exc:
+                self.closed = True
+                raise ConnectionError(f"the server broke the WebSocket protocol: {exc}") from exc
+
+    def alive(self) -> bool:
+        """Whether the connection may take a cell: not idle past :data:`SOCKET_IDLE`,
+        and nothing from the server pending but pings (a close, the end of the stream)."""
+        if self.closed or time.monotonic() - self.used > SOCKET_IDLE:
+            return False
+        try:
+            self._sock.settimeout(0.0)
+            while True:
+                data = self._sock.recv(64 * 1024)
+                if not data:
+                    return False
+                self._ws.receive_data(data)  # a broken frame: ProtocolError, below
+                for event in self._ws.events():
+                    if isinstance(event, ws.Ping):
+                        self._sock.sendall(self._ws.send(event.response()))
+                    else:
+                        return False  # nothing else may arrive between cells
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return True
+        except (OSError, wsproto.utilities.ProtocolError):
+            return False
+
+    def cell(self, body: dict[str, Any], wait: float) -> Iterator[dict[str, Any]]:
+        """Send a cell and yield its stream's messages, the last ``end_of_execution``.
+        Raises ``OSError`` (``TimeoutError`` after ``wait`` seconds of silence) if the
+        connection fails, the typed error of a refused cell, and :class:`ConnectionError`
+        if the server ends the connection."""
+        self.used = time.monotonic()
+        self.busy = True
+        self._sock.settimeout(wait)
+        request = json.dumps({"type": "execute", **body})
+        try:
+            self._sock.sendall(self._ws.send(ws.TextMessage(request)))
+        except (OSError, wsproto.utilities.ProtocolError) as exc:
+            # Closed by the server meanwhile, or it refused a frame over its size limit
+            # while it was being sent: either way it never had the whole request.
+            self.closed = True
+            raise NotSent(f"the cell was not sent: {exc}") from exc
+        parts: list[str] = []
+        for event in self._events():
+            if isinstance(event, ws.TextMessage):
+                parts.append(event.data)
+                if not event.message_finished:
+                    continue
+                text = "".join(parts)
+                parts.clear()
+                for line in text.splitlines():
+                    if not line:
+                        continue
+                    message = json.loads(line)
+                    if message.get("type") == "refused":
+                        self.busy = False
+                        failure = message.get("error") or {}
+                        raise _error(
+                            str(failure.get("type")),
+                            str(failure.get("message")),
+                            int(message.get("status") or 0) or None,
+                        )
+                    if message.get("type") == "end_of_execution":
+                        self.busy = False
+                        self.used = time.monotonic()
+                        yield message
+                        return
+                    yield message
+            elif isinstance(event, ws.CloseConnection):
+                self.closed = True
+                if self._ws.state is wsproto.connection.ConnectionState.REMOTE_CLOSING:
+                    with contextlib.suppress(OSError, wsproto.utilities.ProtocolError):
+                        self._sock.sendall(self._ws.send(event.response()))
+                if event.code == 1009:
+                    raise errors.InvalidArgumentError(
+                        "the cell is larger than the server accepts in one request"
+                    )
+                raise ConnectionError(f"the server closed the connection ({event.code})")
+
+    def close(self) -> None:
+        """Close (politely when the connection is still open); never raises."""
+        if not self.closed and self._ws.state is wsproto.connection.ConnectionState.OPEN:
+            with contextlib.suppress(OSError, wsproto.utilities.ProtocolError):
+                self._sock.settimeout(1.0)
+                self._sock.sendall(self._ws.send(ws.CloseConnection(code=1000)))
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self._sock.close()

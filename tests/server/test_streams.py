@@ -122,6 +122,33 @@ def test_a_last_message_ends_the_stream_with_it() -> None:
     assert asyncio.run(main()) == [b'{"type": "end_of_execution"}\n']
 
 
+def test_a_message_pushed_with_more_goes_with_the_next_one() -> None:
+    """``push(message, more=True)``: no delivery of its own, even when the loop is idle
+    and would take it at once; it goes out with the next push, in one chunk."""
+    pushed = threading.Event()
+    go_on = threading.Event()
+
+    def work(push: Push) -> None:
+        push({"type": "result", "text": "2"}, more=True)
+        pushed.set()
+        go_on.wait(10)
+        push({"type": "end_of_execution"}, last=True)
+
+    async def main() -> list[bytes]:
+        with ThreadPoolExecutor(1) as pool:
+            response = EagerNdjson(work, pool, lambda: None)
+            chunks = response.body_iterator
+            first = asyncio.ensure_future(chunks.__anext__())  # type: ignore[attr-defined]
+            assert await asyncio.to_thread(pushed.wait, 10)
+            await asyncio.sleep(0.05)  # the loop is free: nothing came to it
+            assert not first.done()
+            go_on.set()
+            return [await first, *[chunk async for chunk in chunks]]  # type: ignore[attr-defined]
+
+    chunks = asyncio.run(main())
+    assert chunks == [b'{"type": "result", "text": "2"}\n{"type": "end_of_execution"}\n']
+
+
 def test_messages_pushed_while_the_loop_is_busy_wake_it_once() -> None:
     """Each wake-up of the event loop from the cell's thread costs a self-pipe write
     and a GIL handover: what is pushed before the loop gets round to it travels in one."""

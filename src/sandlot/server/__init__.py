@@ -76,5 +76,8 @@ def serve(settings: ServerSettings, *, host: str = "127.0.0.1", port: int = 8000
         access_log=False,  # paths carry sandbox ids only, but keep the log to our own lines
         timeout_graceful_shutdown=5,
         lifespan="on",
+        # The cell WebSocket (/v1/sandboxes/{id}/cells): a frame over the request body
+        # limit is refused before it is buffered whole (the app checks it again).
+        ws_max_size=settings.max_body_bytes + 1024,
     )
     Server(config).run()

@@ -49,6 +49,11 @@ _STATUS: tuple[tuple[type[sandlot.SandlotError], int], ...] = (
 )
 
 
+def status_of(exc: sandlot.SandlotError) -> int:
+    """The HTTP status a sandlot exception is answered with (500: not the client's)."""
+    return next((code for cls, code in _STATUS if isinstance(exc, cls)), 500)
+
+
 def _error(status: int, type_: str, message: str, **extra: Any) -> JSONResponse:
     headers = {"WWW-Authenticate": 'Bearer realm="sandlot"'} if status == 401 else None
     return JSONResponse(
@@ -71,7 +76,7 @@ def install_error_handlers(app: FastAPI) -> None:
         ):
             # Killed (or expired) while this request was using it: the client's race.
             return _error(404, "SandboxNotFound", f"sandbox {entry.sandbox_id!r} was killed")
-        status = next((code for cls, code in _STATUS if isinstance(exc, cls)), 500)
+        status = status_of(exc)
         if status == 500:
             # The message may quote what a sandbox sent: escaped, one line, capped.
             log.error("unexpected %s: %s", type(exc).__name__, escape(exc, 1024))
@@ -225,7 +230,7 @@ def create_app(
     registry = WireRegistry()
     app.state.e2b_wire = registry
     # The cell call on a short path (inside E2bWire: it sees no request for E2B's wire).
-    app.add_middleware(ExecuteShortcut, state=state, send_json=_send_json)
+    app.add_middleware(ExecuteShortcut, state=state, send_json=_send_json, status_of=status_of)
     app.add_middleware(
         E2bWire,
         state=state,

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
 from starlette.responses import StreamingResponse
@@ -39,9 +39,13 @@ log = logging.getLogger("sandlot.server")
 class Push(Protocol):
     """Hands a stream a message; ``None`` ends the stream. ``last=True``: this message
     ends it too, delivered with the end in one step (the client has the whole
-    response at once, not the message and then, a moment later, the end)."""
+    response at once, not the message and then, a moment later, the end).
+    ``more=True``: another push follows at once; this message waits for it and goes
+    with it (the caller must make that push)."""
 
-    def __call__(self, item: dict[str, Any] | None, /, *, last: bool = False) -> None: ...
+    def __call__(
+        self, item: dict[str, Any] | None, /, *, last: bool = False, more: bool = False
+    ) -> None: ...
 
 
 OUTCOME = {
@@ -125,13 +129,28 @@ class CellRunner:
             sizes[f"{kind}_bytes"] += len(message.line.encode("utf-8", "replace"))
             push({"type": kind, "text": message.line, "timestamp": message.timestamp})
 
+        # The cell's main result (its last expression's value) comes just before its
+        # end, as the runner sends it: held to go out with the end (one write, one
+        # wake-up of the client) rather than alone a moment before it.
+        held: list[dict[str, Any]] = []
+
         def on_result(result: Result) -> None:
             message = result_message(result)
             if self.adapt_result is not None:
                 message = self.adapt_result(message)
             sizes["result_count"] += 1
             sizes["result_bytes"] += len(json.dumps(message))
+            if result.is_main_result and not held:
+                held.append(message)
+                return
             push(message)
+
+        def with_held(*ending: dict[str, Any]) -> None:
+            """Push what was held, then ``ending``, the stream's last messages, together."""
+            for message in (*held, *ending[:-1]):
+                push(message, more=True)
+            held.clear()
+            push(ending[-1], last=True)
 
         def on_error(error: ExecutionError) -> None:
             push({"type": "error", **(error_dict(error) or {})})
@@ -176,24 +195,28 @@ class CellRunner:
                     {"outcome": "killed", "status": "died", "error_name": type(exc).__name__},
                 )
                 self.metrics.executions.labels("killed").inc()
-                push({"type": "end_of_execution", "exception": exception_message(exc)}, last=True)
+                with_held({"type": "end_of_execution", "exception": exception_message(exc)})
                 return
-            self._finish(execution, sizes, push)
+            self._finish(execution, sizes, with_held)
         except Exception:
             log.exception("cell %s failed in the server", cell.execution_id)
-            push(
+            with_held(
                 {
                     "type": "end_of_execution",
                     "exception": {"type": "ServerError", "message": "internal server error"},
-                },
-                last=True,
+                }
             )
         finally:
             self.manager.touch(entry, -1)
             self.manager.end_cell(cell)
             push(None)
 
-    def _finish(self, execution: Execution, sizes: dict[str, int], push: Push) -> None:
+    def _finish(
+        self,
+        execution: Execution,
+        sizes: dict[str, int],
+        with_held: Callable[..., None],
+    ) -> None:
         cell = self.cell
         outcome = OUTCOME.get(execution.status, "killed")
         precheck = jsonable(getattr(execution, "precheck", None))
@@ -211,18 +234,13 @@ class CellRunner:
                 **sizes,
             },
         )
-        self.metrics.executions.labels(outcome).inc()
-        self.metrics.execution_seconds.observe(execution.duration)
-        log.info(
-            "cell %s ended: %s in %.3f s%s",
-            cell.execution_id,
-            outcome,
-            execution.duration,
-            f" (interrupted: {cell.interrupted_by})" if cell.interrupted_by else "",
+        count = (
+            ()
+            if execution.execution_count is None
+            else ({"type": "number_of_executions", "execution_count": execution.execution_count},)
         )
-        if execution.execution_count is not None:
-            push({"type": "number_of_executions", "execution_count": execution.execution_count})
-        push(
+        with_held(
+            *count,
             {
                 "type": "end_of_execution",
                 "execution_id": cell.execution_id,
@@ -236,7 +254,17 @@ class CellRunner:
                 if execution.network is None
                 else [event.to_dict() for event in execution.network],
             },
-            last=True,
+        )
+        # After the end went out (its audit row was written before): the client does
+        # not wait for the bookkeeping.
+        self.metrics.executions.labels(outcome).inc()
+        self.metrics.execution_seconds.observe(execution.duration)
+        log.info(
+            "cell %s ended: %s in %.3f s%s",
+            cell.execution_id,
+            outcome,
+            execution.duration,
+            f" (interrupted: {cell.interrupted_by})" if cell.interrupted_by else "",
         )
 
 
@@ -372,9 +400,21 @@ def _ndjson(
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(put)
 
-    def push(item: dict[str, Any] | None, /, *, last: bool = False) -> None:
-        nonlocal waiting, cut
+    ended = False  # the stream's end was delivered: nothing after it is
+
+    def hold(data: bytes) -> None:
+        """Queue ``data`` for the next delivery, waking nothing (see Push's ``more``)."""
+        with handover:
+            pending.append(data)
+
+    def push(item: dict[str, Any] | None, /, *, last: bool = False, more: bool = False) -> None:
+        nonlocal waiting, cut, ended
+        if ended:
+            # E.g. the work's closing push(None) after a last=True message: waking the
+            # event loop for it would cost as much as a message, for nothing.
+            return
         if item is None:
+            ended = True
             deliver(None)
             return
         data = (json.dumps(item) + "\n").encode("utf-8")
@@ -406,7 +446,10 @@ def _ndjson(
             ).start()
             return
         if last:
+            ended = True
             deliver(data, None)
+        elif more:
+            hold(data)
         else:
             deliver(data)
 
@@ -428,7 +471,9 @@ def _ndjson(
         nonlocal started
         if not started:
             started = True
-            loop.run_in_executor(executor, work, push)
+            # Not loop.run_in_executor: its future would wake the event loop once more
+            # when the work returns, after the stream has already ended (push(None)).
+            executor.submit(work, push).add_done_callback(_log_failure)
 
     def unread() -> None:
         if started and not read:
@@ -450,6 +495,12 @@ def _ndjson(
                 threading.Thread(target=on_abandon, name="sandlot-abandon", daemon=True).start()
 
     return start, chunks(), unread
+
+
+def _log_failure(future: Future[None]) -> None:
+    """A stream's work raised (a bug: a cell's work answers its own errors)."""
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.error("a stream's work failed", exc_info=exc)
 
 
 async def _batches(

@@ -352,6 +352,29 @@ async def execute(
     adapt_result: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> EagerNdjson:
     """Validate, then stream the cell. Shared by the native and the E2B routes."""
+    runner = cell_runner(state, principal, entry, body, default_timeout, adapt_result)
+    cell = runner.cell
+    # The cell starts now, while the response's headers go out.
+    return EagerNdjson(
+        runner,
+        state.executor,
+        lambda: state.manager.interrupt_cell(cell, "client disconnected"),
+        lambda: state.manager.interrupt_cell(cell, "client too slow"),
+        stall_seconds=state.settings.client_stall_timeout,
+        media_type=NDJSON,
+    )
+
+
+def cell_runner(
+    state: ServerState,
+    principal: Principal,
+    entry: ManagedSandbox,
+    body: Execute,
+    default_timeout: float = DEFAULT_CELL_TIMEOUT,
+    adapt_result: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> CellRunner:
+    """Check a cell's request and register the cell; raises what the client is told
+    (a 400, or 503 while shutting down). Shared by every cell route (HTTP, WebSocket)."""
     # The same checks run_code makes, made before the 200 is sent so that they can
     # still be a 400.
     context = cell_context(body.language, body.context_id)
@@ -360,7 +383,7 @@ async def execute(
     envs = check_envs(body.env_vars)
     _check_text(body.code, *envs, *envs.values())
     cell = state.manager.new_cell(entry, context)
-    runner = CellRunner(
+    return CellRunner(
         manager=state.manager,
         store=state.store,
         metrics=state.metrics,
@@ -371,15 +394,6 @@ async def execute(
         envs=envs,
         timeout=timeout,
         adapt_result=adapt_result,
-    )
-    # The cell starts now, while the response's headers go out.
-    return EagerNdjson(
-        runner,
-        state.executor,
-        lambda: state.manager.interrupt_cell(cell, "client disconnected"),
-        lambda: state.manager.interrupt_cell(cell, "client too slow"),
-        stall_seconds=state.settings.client_stall_timeout,
-        media_type=NDJSON,
     )
 
 

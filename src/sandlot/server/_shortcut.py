@@ -25,6 +25,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandlot import SandlotError
+from sandlot.server._cellsocket import serve_cells
 from sandlot.server._manager import ApiError, ManagedSandbox
 from sandlot.server._routes import Execute, execute
 from sandlot.server._state import ServerState, api_key_of, principal_for
@@ -153,17 +155,37 @@ async def short_execute(
 _NATIVE = re.compile(r"/v1/sandboxes/([^/]+)/execute")
 
 
+_CELLS = re.compile(r"/v1/sandboxes/([^/]+)/cells")
+
+
 class ExecuteShortcut:
     """ASGI middleware: ``POST /v1/sandboxes/{id}/execute`` on the short path when its
     caller's key is valid and the sandbox is the caller's; every other request, and
-    every refusal, goes to the app."""
+    every refusal, goes to the app. Also serves ``/v1/sandboxes/{id}/cells``, the
+    WebSocket the remote SDK sends a sandbox's cells on (:mod:`._cellsocket`).
 
-    def __init__(self, app: ASGIApp, state: ServerState, send_json: SendJson) -> None:
+    ``status_of``: the HTTP status the app answers a :class:`SandlotError` with."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        state: ServerState,
+        send_json: SendJson,
+        status_of: Callable[[SandlotError], int],
+    ) -> None:
         self.app = app
         self.state = state
         self.send_json = send_json
+        self.status_of = status_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            cells = _CELLS.fullmatch(scope["path"])
+            if cells is None:
+                await self.app(scope, receive, send)
+                return
+            await serve_cells(self.state, cells.group(1), scope, receive, send, self.status_of)
+            return
         named = _NATIVE.fullmatch(scope["path"]) if scope["type"] == "http" else None
         if named is None or not posts_json(scope):
             await self.app(scope, receive, send)

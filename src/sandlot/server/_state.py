@@ -20,6 +20,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 from sandlot.server._manager import ApiError, SandboxManager
 from sandlot.server._metrics import Metrics
@@ -66,7 +67,7 @@ def state_of(request: Request) -> ServerState:
     return state
 
 
-def api_key_of(request: Request) -> str | None:
+def api_key_of(request: HTTPConnection) -> str | None:
     """The key from ``Authorization: Bearer``, ``X-API-Key`` or Basic auth (user or password)."""
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
