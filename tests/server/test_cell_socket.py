@@ -10,6 +10,7 @@ client that reads nothing. Plus the fallback to HTTP on a server without the soc
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -243,6 +244,53 @@ def test_another_tenants_sandbox_is_refused_at_the_handshake(
     with pytest.raises(sandlot.AuthenticationError):
         _connect(server, "sl_0000000000000000_forged", sbx.sandbox_id)
     assert [row["tenant"] for row in _audit(server, sbx.sandbox_id)] == ["alice"]
+
+
+def _handshake_status(
+    server: ServerProcess, sandbox_id: str, headers: list[tuple[bytes, bytes]]
+) -> int:
+    """The HTTP status a raw upgrade with these headers gets (101: accepted)."""
+    import wsproto
+
+    url = server.url.removeprefix("http://")
+    host, _, port = url.partition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        client = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+        conn.sendall(
+            client.send(
+                ws.Request(
+                    host=url, target=f"/v1/sandboxes/{sandbox_id}/cells", extra_headers=headers
+                )
+            )
+        )
+        conn.settimeout(10)
+        head = b""
+        while b"\r\n" not in head:
+            chunk = conn.recv(4096)
+            assert chunk, "the server closed without answering the upgrade"
+            head += chunk
+    return int(head.split(b" ", 2)[1])
+
+
+def test_a_page_of_another_origin_cannot_open_a_cell_socket(
+    server: ServerProcess, alice: str, sbx: Sandbox
+) -> None:
+    # A browser attaches credentials it holds for the server (Basic auth, say) to a
+    # WebSocket handshake any page starts, and says which page in Origin.
+    basic = base64.b64encode(f"sandlot:{alice}".encode())
+    creds = [(b"authorization", b"Basic " + basic)]
+    sbx.run_code("1")
+    assert _handshake_status(server, sbx.sandbox_id, creds) == 101
+    url = server.url.removeprefix("http://")
+    assert (
+        _handshake_status(server, sbx.sandbox_id, [*creds, (b"origin", f"http://{url}".encode())])
+        == 101
+    )
+    assert (
+        _handshake_status(server, sbx.sandbox_id, [*creds, (b"origin", b"https://evil.example")])
+        == 403
+    )
+    assert [row["code_bytes"] for row in _audit(server, sbx.sandbox_id)] == [1]
 
 
 def test_a_key_revoked_mid_connection_is_refused_from_the_next_cell(

@@ -44,6 +44,7 @@ from sandlot.server._manager import ApiError
 from sandlot.server._routes import Execute, cell_runner
 from sandlot.server._state import ServerState, api_key_of, principal_for
 from sandlot.server._store import Principal
+from sandlot.server._ui_session import origin_problem
 
 log = logging.getLogger("sandlot.server")
 
@@ -82,6 +83,13 @@ async def serve_cells(
     """Serve one WebSocket connection's cells on ``sandbox_id`` until the client leaves,
     the key or the sandbox stops being good, or the client breaks the protocol."""
     if (await receive())["type"] != "websocket.connect":
+        return
+    # A browser opens WebSockets across origins and attaches what it holds for the
+    # server (cached Basic credentials, say): a page elsewhere must not drive cells
+    # here. Browsers always send Origin on a WebSocket handshake; SDK clients send none.
+    problem = origin_problem(dict(scope["headers"]))
+    if problem:
+        await _deny(scope, send, Refused(403, "CsrfError", problem))
         return
     key = api_key_of(HTTPConnection(scope))
     try:
