@@ -133,27 +133,52 @@ def shrink_memory() -> None:
         area.close()
 
 
-def drop_privileges() -> None:
-    """uid and gid 1000, no groups, every capability gone, no_new_privs: verified."""
-    import ctypes
+_LIBC: Any = None
 
-    libc = ctypes.CDLL(None, use_errno=True)
 
-    def check(rc: int, what: str) -> None:
-        if rc != 0:
-            raise OSError(ctypes.get_errno(), "cannot " + what)
+def libc() -> Any:
+    """The C library through ctypes, loaded once (in a template, before the save)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
 
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        import ctypes
+
+        raise OSError(ctypes.get_errno(), "cannot " + what)
+
+
+def _status() -> "dict[str, str]":
+    with open("/proc/self/status") as handle:
+        return dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
+
+
+def drop_bounding_set() -> None:
+    """Empty the capability bounding set (what any exec could regain); needs an
+    effective CAP_SETPCAP. The permitted set stays: a template's pid 1 still takes its
+    effective capabilities back for the restore's reseed."""
+    bounding = int(_status()["CapBnd"].strip(), 16)
     with open("/proc/sys/kernel/cap_last_cap") as handle:
         last = int(handle.read())
     for cap in range(last + 1):
-        check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
+        if bounding >> cap & 1:
+            _check(libc().prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
+
+
+def drop_privileges() -> None:
+    """uid and gid 1000, no groups, every capability gone, no_new_privs: verified."""
+    drop_bounding_set()
     os.setgroups([])
     os.setresgid(GID, GID, GID)
     os.setresuid(UID, UID, UID)  # clears the permitted and effective sets
-    check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
-    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
-    with open("/proc/self/status") as handle:
-        fields = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
+    _check(libc().prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
+    _check(libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+    fields = _status()
     for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         if int(fields[key].strip(), 16) != 0:
             raise OSError(f"{key} is not empty after dropping privileges")
@@ -239,7 +264,6 @@ def _kernel_child(
     hooks). After it, in each restored copy: its environment, fresh generators (the
     guest kernel's was reseeded before the configuration was sent), working directory,
     command line, limits, configuration; then it serves cells. Never returns."""
-    import ctypes
     import signal
 
     code = 70
@@ -284,7 +308,7 @@ def _kernel_child(
         args = ["kernel", "--fd", str(sock_fd)]
         _processes.set_cmdline([sys.executable, "-I", "-c", bootstrap, lib, *args])
         sys.argv = ["-c", lib, *args, "--config", json.dumps(config)]
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         try:  # before any user code, as kernel_main
             _limits.apply(config.get("rlimits") or {})
         except (OSError, ValueError) as exc:
@@ -365,12 +389,17 @@ def template(lib: str, bootstrap: str) -> None:
     reader = os.fdopen(0, "rb", closefd=False)
     request = read_message(reader, "template")
     preload = [str(name) for name in request.get("preload") or []]
-    # Imported with no effective capabilities (the saved uid stays root for step 2).
+    # Imported with no effective capabilities and an empty bounding set (the saved uid
+    # and the permitted set stay root's for step 2), the C library loaded for it.
+    try:
+        drop_bounding_set()
+    except OSError as exc:
+        sys.stderr.write(f"sandlot guest: {exc}\n")
+        sys.exit(70)
     os.setegid(GID)
     os.seteuid(UID)
     sys.path.insert(0, lib)
-    import ctypes  # noqa: F401 - for drop_privileges, imported before the save
-    import socket  # noqa: F401
+    import socket  # noqa: F401 - imported before the save
 
     from sandlot.runner import _processes, _supervisor, _zygote
 
