@@ -289,6 +289,7 @@ class MicroVMBackend(Backend):
                 failed.callback(lease.close)
                 door, door_guest = socket.socketpair()
                 failed.callback(door.close)
+                failed.callback(door_guest.close)  # passed to QEMU (and closed) by _launch
                 keep.append(door_guest)
                 argv = [
                     f"socket,id=egress,fd={door_guest.fileno()}" if a == EGRESS_NULL else a
