@@ -434,6 +434,14 @@ def template(lib: str, bootstrap: str) -> None:
 
 def main() -> None:
     lib, bootstrap = sys.argv[1], sys.argv[2]
+    # The guest kernel starts pid 1 at 1024 open files (soft): the supervisor's watches
+    # hold a descriptor per directory and would fail with EMFILE before their own cap
+    # (1024 directories). Up to the hard limit, as a sandbox's pid 1 has under bwrap;
+    # the kernels apply Resources.open_files themselves.
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     wait_for_host()
     if sys.argv[3:] == ["--template"]:
         template(lib, bootstrap)
