@@ -22,6 +22,12 @@ microvm restored from its snapshot (the default; the snapshot is made before tim
 The accelerator (KVM or TCG) is the backend probe's choice and is printed.
 
     PYTHONPATH=src nice .venv/bin/python bench/microvm.py --runs 5 --pool 5 --out bench/results/
+
+Against an earlier sandlot, restored VMs only, alternating (bench/compare.py; each side
+makes its own snapshot once, before its rows)::
+
+    nice .venv/bin/python bench/compare.py --baseline 4a273a8 --rounds 3 -- \\
+        bench/microvm.py --runs 5 --cells 30 --only restored
 """
 
 from __future__ import annotations
@@ -91,6 +97,12 @@ def main() -> int:
     parser.add_argument("--cells", type=int, default=50, help="round trips per variant")
     parser.add_argument("--pool", type=int, default=0, help="pool hand-outs per pooled variant")
     parser.add_argument("--out", type=Path, help="directory for the .json and .md results")
+    parser.add_argument(
+        "--only", help="only the variants whose name contains this (e.g. 'restored')"
+    )
+    parser.add_argument(
+        "--json", type=Path, help="write {row: [ms, ...]} here (what bench/compare.py reads)"
+    )
     args = parser.parse_args()
 
     probe = MicroVMBackend.probe()
@@ -98,14 +110,15 @@ def main() -> int:
         print(f"microvm unavailable: {probe.reason} (fix: {probe.fix})", file=sys.stderr)
         return 1
     accel = probe.details.get("accelerator", "?")
-    docker, no_docker = _docker()
-    variants = _variants(docker)
+    docker, no_docker = _docker() if not args.only or args.only in "docker (runc)" else (None, "")
+    variants = {k: v for k, v in _variants(docker).items() if not args.only or args.only in k}
     rows: dict[tuple[str, str], list[float]] = {}
     notes = [f"Docker not measured: {no_docker}"] if no_docker else []
     # The snapshot is made once (a cold boot and the imports); not what the rows time.
     made = time.perf_counter()
     Sandbox(backend=MicroVMBackend(), timeout=900).kill()
-    Sandbox(backend="zygote", timeout=900).kill()  # the zygote itself starts once, too
+    if any(name.startswith("zygote") for name in variants):
+        Sandbox(backend="zygote", timeout=900).kill()  # the zygote itself starts once, too
     notes.append(f"Making or finding the microvm snapshot took {time.perf_counter() - made:.1f} s.")
     load_start = os.getloadavg()
     started = time.monotonic()
@@ -160,6 +173,8 @@ def main() -> int:
         lines.append(f"| {metric} | {name} | {summary(values)} |")
     text = "\n".join([*lines, "", *notes]) + "\n"
     print(text)
+    if args.json is not None:
+        args.json.write_text(json.dumps({f"{m} | {n}": v for (m, n), v in rows.items()}))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"microvm-{stamp}.md").write_text(text)

@@ -28,9 +28,10 @@ from sandlot.policy import SandboxSpec
 pytestmark = [pytest.mark.requires_microvm, pytest.mark.slow]
 
 IDENTITY = """
-import json, os, random, secrets, uuid
+import json, os, random, secrets, tempfile, uuid
 import numpy
 print(json.dumps({
+    "tempname": next(tempfile._get_candidate_names()),
     "urandom": os.urandom(16).hex(),
     "random": random.random(),
     "uuid4": str(uuid.uuid4()),

@@ -105,6 +105,13 @@ class Deadlines:
                 sys.stderr.write("sandlot runner: timeout handling failed: %r\n" % (exc,))
 
 
+Prestarted = Callable[[str, Dict[str, Any]], "Tuple[Forked, socket.socket, int, int]"]
+"""Hands over a kernel started ahead of its sandbox (the microvm backend's snapshot
+holds one): given the working directory and the kernel's configuration, it lets the
+kernel go on and returns it, its end of the kernel's socket, and its stdout and
+stderr pipes (read ends, non-blocking)."""
+
+
 class Host(Protocol):
     """What a kernel needs from the supervisor that owns it."""
 
@@ -122,6 +129,8 @@ class Host(Protocol):
     def batched(self) -> ContextManager[None]: ...
 
     def take_fork(self) -> bool: ...
+
+    def take_prestarted(self) -> "Optional[Prestarted]": ...
 
 
 class OutputBudget:
@@ -294,7 +303,13 @@ class KernelProcess:
             json.dumps(config),
         ]
         try:
-            if self.supervisor.take_fork():
+            prestarted = self.supervisor.take_prestarted()
+            if prestarted is not None:  # a microVM's kernel, started before its snapshot
+                ours.close()
+                os.close(out_r)
+                os.close(err_r)
+                self.proc, ours, out_r, err_r = prestarted(self.cwd, config)
+            elif self.supervisor.take_fork():
                 sock_fd, cwd = theirs.fileno(), self.cwd
                 self.proc = self.supervisor.processes.fork(
                     lambda: become_kernel(sock_fd, out_w, err_w, cwd, argv)

@@ -56,9 +56,9 @@ from sandlot.protocol import (
 from sandlot.protocol.layout import HOME, LIB_GUEST, TEMPLATE_SHARE
 from sandlot.runner import BOOTSTRAP, _limits
 from sandlot.runner._background import Background
-from sandlot.runner._contexts import Deadlines, KernelProcess, OutputBudget
+from sandlot.runner._contexts import Deadlines, KernelProcess, OutputBudget, Prestarted
 from sandlot.runner._files import Files, FilesError
-from sandlot.runner._processes import Processes
+from sandlot.runner._processes import Forked, Processes
 from sandlot.runner._watch import Watches
 
 BATCH_BYTES = 64 * 1024
@@ -114,6 +114,9 @@ class Supervisor:
         self.lib = str(config.get("lib", LIB_GUEST))
         self.fork_next_kernel = False
         """Fork the next kernel from this process (set once, by a zygote-made sandbox)."""
+        self.prestarted: "Optional[Prestarted]" = None
+        """A kernel started before this supervisor (a restored microVM's), for the
+        first kernel launched."""
         self.files = Files(self.workdir)
         self.workers = Workers()
         self.deadlines = Deadlines(self.workers.submit)
@@ -246,6 +249,22 @@ class Supervisor:
         child's copy of that lock held forever)."""
         fork, self.fork_next_kernel = self.fork_next_kernel, False
         return fork and threading.active_count() == 1
+
+    def take_prestarted(self) -> "Optional[Prestarted]":
+        """The kernel started ahead of this supervisor, once; it becomes one of this
+        supervisor's children like any kernel it forked."""
+        start, self.prestarted = self.prestarted, None
+        if start is None:
+            return None
+
+        def adopt(cwd: str, config: Dict[str, Any]) -> "Tuple[Forked, socket.socket, int, int]":
+            assert start is not None
+            kernel = start(cwd, config)
+            with self.processes.spawn_lock:
+                self.processes.known.add(kernel[0].pid)
+            return kernel
+
+        return adopt
 
     def resolve(self, path: str) -> str:
         """A context's or command's working directory, relative to the workdir."""
@@ -664,13 +683,16 @@ def run(
     config: Dict[str, Any],
     fork_kernel: bool = False,
     home_ready: Optional[str] = None,
+    prestarted: "Optional[Prestarted]" = None,
 ) -> int:
     """Serve the host channel as the sandbox's supervisor until it closes.
 
     ``fork_kernel``: this process already holds the template's preloaded modules (a
     zygote-made sandbox), so the default kernel is forked from it instead of started
     as a new interpreter that would import them again. ``home_ready``: a home the
-    caller has already given the template's matplotlib files (not copied again)."""
+    caller has already given the template's matplotlib files (not copied again).
+    ``prestarted``: the default kernel is already running and waits for its
+    configuration (a restored microVM's)."""
     libc = ctypes.CDLL(None, use_errno=True)
     # Not dumpable: user code (same uid, no capabilities) can then neither ptrace this
     # process nor open its /proc/<pid>/fd, mem or environ, nor take its host socket
@@ -711,6 +733,7 @@ def run(
         sys.stderr.write("sandlot runner: could not copy matplotlib settings: %s\n" % exc)
     supervisor = Supervisor(sock, reader, config)
     supervisor.fork_next_kernel = fork_kernel
+    supervisor.prestarted = prestarted
     default = supervisor.start_kernel("default", home)
     if config.get("preload"):
         # "ready" then means the modules are imported (what a warm pool waits for). A

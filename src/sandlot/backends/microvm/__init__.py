@@ -24,8 +24,12 @@ and protocol as under bwrap and Docker, so every SDK behaviour is the same.
   identity before it is ready: the host's entropy reseeds its kernel's generator, then
   its pid 1 drops to uid 1000 and forks the default kernel (guest_boot.py). A warm
   ``Pool`` on this backend keeps restored VMs ready.
-* Not yet: a network policy (refused: there is no egress path out of the VM),
-  ``usage()`` counters.
+* A network policy: the VM still has no network device. The sandbox's egress proxy
+  lease is reached through a second virtio-serial port that multiplexes connections
+  (:mod:`.egress_mux`): pid 1 in the guest listens on the sandbox's loopback at the
+  proxy port, the host connects each stream to the lease's socket. Restored VMs only
+  (a cold-booted VM's pid 1 is uid 1000 before it could open the port).
+* Not yet: ``usage()`` counters.
 """
 
 from __future__ import annotations
@@ -52,12 +56,14 @@ from sandlot._exceptions import (
     IsolationUnavailable,
     SandboxStartError,
 )
+from sandlot._models import NetworkEvent
 from sandlot.backends import _hostids
 from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle, owner_alive
 from sandlot.backends._channel import ChannelHandle
-from sandlot.backends._runner_config import runner_config
-from sandlot.backends.microvm import _snapshot
+from sandlot.backends._runner_config import EGRESS_PORT, egress_env, runner_config
+from sandlot.backends.microvm import _snapshot, egress_mux
 from sandlot.backends.microvm._qemu import (
+    EGRESS_NULL,
     QEMU_ENV,
     SETUP_FIX,
     Artifacts,
@@ -66,7 +72,7 @@ from sandlot.backends.microvm._qemu import (
     qemu_argv,
     sandbox_initrd,
 )
-from sandlot.egress import EgressProxy
+from sandlot.egress import EgressLease, EgressProxy, default_proxy
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
 
@@ -170,7 +176,8 @@ class MicroVMBackend(Backend):
     def __init__(
         self, *, egress: EgressProxy | None = None, machine: str = "auto", snapshot: bool = True
     ) -> None:
-        """``egress`` is accepted for the seam's sake; a network policy is refused.
+        """``egress``: the proxy for sandboxes with a network policy (default: the
+        process-wide :func:`sandlot.egress.default_proxy`).
         ``machine``: QEMU's ``microvm`` or ``q35``; ``auto`` (default) picks the faster
         for the accelerator (:func:`._qemu.default_machine`). ``snapshot`` (default):
         restore each VM from a snapshot of one that booted and imported the data stack
@@ -179,6 +186,10 @@ class MicroVMBackend(Backend):
         self._egress = egress
         self.machine = machine
         self.snapshot = snapshot
+
+    @property
+    def egress(self) -> EgressProxy:
+        return self._egress or default_proxy()
 
     @classmethod
     def probe(cls) -> Probe:
@@ -224,11 +235,11 @@ class MicroVMBackend(Backend):
         return False
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
-        if spec.network.enabled:
+        if spec.network.enabled and not self.snapshot:
             raise IsolationUnavailable(
-                "the microvm backend has no network path yet (the VM has no network device "
-                "and no egress relay), so it refuses a network policy; use backend='bwrap' "
-                "for allow_out"
+                "a microVM booted cold (snapshot=False) has no door to the egress proxy (its "
+                "pid 1 runs as uid 1000 before it could open the port), so it refuses a "
+                "network policy; use MicroVMBackend() (restored VMs, the default)"
             )
         probe, qemu, artifacts = _probe()
         if not probe.available or qemu is None or artifacts is None:
@@ -266,29 +277,55 @@ class MicroVMBackend(Backend):
     def _restore(self, spec: SandboxSpec, state: Path, base: list[str]) -> SandboxHandle:
         """A VM restored from ``state``, with an identity of its own before it is
         ready: fresh entropy for its kernel's random generator, then its configuration
-        (guest_boot.py does the guest's part)."""
+        (guest_boot.py does the guest's part). With a network policy, its egress port
+        leads to a lease of its own on the proxy (:mod:`.egress_mux`)."""
         accel = base[base.index("-accel") + 1]
-        fd = os.open(state, os.O_RDONLY | os.O_CLOEXEC)  # QEMU reads it, cannot write it
-        with contextlib.suppress(OSError):
-            os.utime(fd)  # recently used (snapshot pruning keeps those)
-        host_sock, guest_sock = socket.socketpair()
-        try:
-            vm = _launch(
-                [*_with_channel(base, guest_sock), "-incoming", f"fd:{fd}"], (guest_sock, fd), accel
-            )
-        except BaseException:
-            host_sock.close()
-            raise
-        finally:
-            os.close(fd)
-        identity = {"type": "restore", "entropy": secrets.token_hex(RESTORE_ENTROPY)}
-        config = runner_config(spec, channel_fd=0, cgroup_limits=False, envs=dict(spec.envs))
+        with contextlib.ExitStack() as failed:
+            lease: EgressLease | None = None
+            keep: list[socket.socket | int] = []
+            argv = base
+            if spec.network.enabled:
+                lease = self.egress.open(spec.sandbox_id or "sandbox", spec.network)
+                failed.callback(lease.close)
+                door, door_guest = socket.socketpair()
+                failed.callback(door.close)
+                failed.callback(door_guest.close)  # passed to QEMU (and closed) by _launch
+                keep.append(door_guest)
+                argv = [
+                    f"socket,id=egress,fd={door_guest.fileno()}" if a == EGRESS_NULL else a
+                    for a in argv
+                ]
+            fd = os.open(state, os.O_RDONLY | os.O_CLOEXEC)  # QEMU reads it, cannot write it
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # recently used (snapshot pruning keeps those)
+            host_sock, guest_sock = socket.socketpair()
+            failed.callback(host_sock.close)
+            try:
+                vm = _launch(
+                    [*_with_channel(argv, guest_sock), "-incoming", f"fd:{fd}"],
+                    (guest_sock, fd, *keep),
+                    accel,
+                )
+            finally:
+                os.close(fd)
+            if lease is not None:
+                _start_door(door, lease)
+            failed.pop_all()
+        identity = {
+            "type": "restore",
+            "entropy": secrets.token_hex(RESTORE_ENTROPY),
+            "egress": EGRESS_PORT if lease is not None else None,
+        }
+        config = runner_config(
+            spec, channel_fd=0, cgroup_limits=False, envs={**egress_env(spec), **spec.envs}
+        )
+        config.pop("egress", None)  # pid 1 listens itself, on the door (guest_boot.py)
         with contextlib.suppress(OSError):  # reported by wait_ready with the console
             host_sock.sendall(
                 json.dumps(identity).encode() + b"\n"
                 + encode({"type": "configure", "id": "configure", "config": config})
             )  # fmt: skip
-        return vm.handle(host_sock, spec)
+        return vm.handle(host_sock, spec, lease)
 
     def _snapshot_file(self, qemu: str, base: list[str], template: SandboxSpec, accel: str) -> Path:
         """The snapshot for the template VM ``base`` describes; made (once, under a lock)
@@ -317,6 +354,28 @@ class MicroVMBackend(Backend):
 
 RESTORE_ENTROPY = 64
 """Bytes of the host's entropy a restored VM's kernel reseeds its generator from."""
+
+
+def _start_door(door: socket.socket, lease: EgressLease) -> None:
+    """The host end of a VM's egress door: each stream the guest opens becomes a
+    connection to ``lease``'s socket, relayed until the VM (QEMU) or the lease is gone."""
+
+    def connect() -> socket.socket | None:
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.connect(lease.socket_path)
+        except OSError:
+            upstream.close()
+            return None
+        return upstream
+
+    def serve() -> None:
+        try:
+            egress_mux.Mux(door.fileno(), connect=connect).serve_forever()
+        finally:
+            door.close()
+
+    threading.Thread(target=serve, name="sandlot-microvm-egress", daemon=True).start()
 
 
 def _with_channel(base: list[str], guest_sock: socket.socket) -> list[str]:
@@ -351,10 +410,12 @@ class _VM:
         if self.ids is not None:
             self.ids.release()
 
-    def handle(self, host_sock: socket.socket, spec: SandboxSpec) -> MicroVMHandle:
+    def handle(
+        self, host_sock: socket.socket, spec: SandboxSpec, egress: EgressLease | None = None
+    ) -> MicroVMHandle:
         handle = MicroVMHandle(
             host_sock, self.process, vm=self.vm, ids=self.ids, stderr_tail=self.tail,
-            exit_reason=_exit_reason, resources=spec.resources,
+            exit_reason=_exit_reason, resources=spec.resources, egress=egress,
         )  # fmt: skip
         handle.wait_ready(START_TIMEOUT)
         return handle
@@ -476,16 +537,29 @@ class MicroVMHandle(ChannelHandle):
         *,
         vm: str,
         ids: _hostids.HostIds | None,
+        egress: EgressLease | None = None,
         **kwargs: Any,
     ) -> None:
         self.vm = vm
         self._host_ids = ids
+        self._egress = egress
         self._start = _start_time(process.pid)
         super().__init__(sock, process, on_exit=self._release, **kwargs)
 
+    def kill(self) -> None:
+        super().kill()
+        # Nothing reaches the network in the sandbox's name after kill().
+        if self._egress is not None:
+            self._egress.close()
+
     def _release(self) -> None:
+        if self._egress is not None:
+            self._egress.close()
         if self._host_ids is not None:
             self._host_ids.release()
+
+    def network_events(self, settle: float = 0.0) -> list[NetworkEvent] | None:
+        return None if self._egress is None else self._egress.events(settle)
 
     def recovery_token(self) -> dict[str, Any] | None:
         pid = self._process.pid

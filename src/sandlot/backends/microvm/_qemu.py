@@ -36,6 +36,12 @@ DEFAULT_MEMORY_MB = 2048
 """Guest memory when ``Resources.memory_mb`` is None (a VM needs a size)."""
 CHANNEL_PORT = "sandlot"
 """The virtio-serial port's name; the guest init finds its device by it."""
+EGRESS_PORT_NAME = "sandlot-egress"
+"""The second virtio-serial port: the door to the egress proxy (egress_mux.py). Every VM
+has it, so that one snapshot serves sandboxes with and without a network policy;
+without one its host side is QEMU's ``null`` backend (it leads nowhere) and the guest
+never opens it (its device node is root's, and pid 1 opens it only when told to)."""
+EGRESS_NULL = "null,id=egress"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,8 @@ def runner_cpio() -> bytes:
     _cpio_entry(out, "sandlot-lib/bootstrap.py", stat.S_IFREG | 0o644, BOOTSTRAP.encode())
     boot = Path(__file__).with_name("guest_boot.py").read_bytes()
     _cpio_entry(out, "sandlot-lib/guest_boot.py", stat.S_IFREG | 0o644, boot)
+    mux = Path(__file__).with_name("egress_mux.py").read_bytes()
+    _cpio_entry(out, "sandlot-lib/egress_mux.py", stat.S_IFREG | 0o644, mux)
     _cpio_entry(out, "sandlot-lib/sandlot", stat.S_IFDIR | 0o755)
     for package in (sandlot.protocol, sandlot.runner):
         root = Path(str(package.__file__)).parent
@@ -122,9 +130,35 @@ def runner_cpio() -> bytes:
     return out.getvalue()
 
 
+def _runner_files() -> list[Path]:
+    files = [Path(__file__).with_name(n) for n in ("guest_boot.py", "egress_mux.py")]
+    for package in (sandlot.protocol, sandlot.runner):
+        root = Path(str(package.__file__)).parent
+        files += [p for p in root.rglob("*") if "__pycache__" not in p.parts]
+    return sorted(files)
+
+
+_BUILT: dict[tuple[object, ...], Path] = {}
+"""Initramfs files this process built or found, by the stat of their inputs: a start
+then costs a few stats, not reading and hashing the runner and the base (10 to 50 ms)."""
+
+
 def sandbox_initrd(artifacts: Artifacts) -> Path:
     """The base initramfs with the runner appended (the kernel unpacks concatenated
     archives in order), cached by content next to the base."""
+    stamp = tuple(
+        (str(p), info.st_size, info.st_mtime_ns)
+        for p in [artifacts.initrd, *_runner_files()]
+        for info in [p.stat()]
+    )
+    known = _BUILT.get(stamp)
+    if known is not None and known.is_file():
+        return known
+    _BUILT[stamp] = path = _build_initrd(artifacts)
+    return path
+
+
+def _build_initrd(artifacts: Artifacts) -> Path:
     runner = runner_cpio()
     base = artifacts.initrd.read_bytes()
     key = hashlib.sha256(base + runner).hexdigest()[:16]
@@ -213,7 +247,8 @@ def qemu_argv(
     """The QEMU command line for ``spec``: a ``microvm`` machine with no network device
     (no ``-nic``/``-netdev`` and ``-nodefaults``), the template's root filesystem on a
     read-only virtio-blk device, the protocol on a virtio-serial port backed by
-    ``channel_fd`` (QEMU's end of a socketpair), the console on QEMU's stdout, and no
+    ``channel_fd`` (QEMU's end of a socketpair), a second port for the egress door
+    backed by nothing (:data:`EGRESS_PORT_NAME`), the console on QEMU's stdout, and no
     monitor. ``accel``: ``kvm`` or ``tcg``. ``machine``: ``microvm`` (virtio-mmio, no
     firmware) or ``q35`` (virtio-pci behind SeaBIOS); see :func:`default_machine`.
     ``template``: boot a snapshot template (:func:`kernel_cmdline`)."""
@@ -241,6 +276,8 @@ def qemu_argv(
         "-drive", f"id=root,file={image},format=raw,if=none,readonly=on",
         "-device", f"virtio-blk-{bus},drive=root",
         "-chardev", f"socket,id=channel,fd={channel_fd}",
-        "-device", f"virtio-serial-{bus},max_ports=2",
+        "-device", f"virtio-serial-{bus},max_ports=3",
         "-device", f"virtserialport,chardev=channel,nr=1,name={CHANNEL_PORT}",
+        "-chardev", EGRESS_NULL,
+        "-device", f"virtserialport,chardev=egress,nr=2,name={EGRESS_PORT_NAME}",
     ]  # fmt: skip
