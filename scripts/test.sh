@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup-docker.sh
 bash scripts/setup-vm.sh
-# test_escapes_with_egress.py is not among them: microvm refuses a network policy.
+# test_escapes_with_egress.py is not among them: it builds bwrap sandboxes only; microvm egress is tests/microvm/test_egress.py.
 MICROVM_SUITES="tests/integration/test_behaviour.py tests/integration/test_roundtrip.py
 tests/escape/test_controls.py tests/escape/test_environment.py tests/escape/test_filesystem.py
 tests/escape/test_network.py tests/escape/test_privilege.py tests/escape/test_python_tricks.py
