@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from egress_helpers import Origin
 
+from _fetch import FETCH
 from sandlot import Sandbox
 from sandlot.backends.docker import DockerBackend, PodmanBackend
 from sandlot.egress import EgressProxy
@@ -26,16 +27,10 @@ ENGINES = [
 ]
 CELL_TIMEOUT = 120
 
-PROBE = """
-import json, os, socket, urllib.request, urllib.error
-def fetch(url):
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            return {"status": response.status, "body": response.read().decode()}
-    except urllib.error.HTTPError as exc:
-        return {"status": exc.code, "reason": exc.reason}
-    except Exception as exc:
-        return {"status": None, "error": repr(exc)}
+PROBE = (
+    FETCH
+    + """
+import os, socket
 def direct(host, port):
     try:
         socket.create_connection((host, port), timeout=10).close()
@@ -57,6 +52,7 @@ print(json.dumps({
                          for line in open("/proc/net/dev").read().splitlines()[2:]),
 }))
 """
+)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from egress_helpers import TEST_NAMES, WHEEL_NAME, Origin
 
+from _fetch import FETCH
 from _server_harness import ServerProcess
 from sandlot import PolicyError, Sandbox
 
@@ -29,17 +30,6 @@ pytestmark = [
 ]
 
 CELL_TIMEOUT = 120
-FETCH = """
-import json, urllib.request, urllib.error
-def fetch(url):
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            return {"status": response.status, "body": response.read().decode()}
-    except urllib.error.HTTPError as exc:
-        return {"status": exc.code, "reason": exc.reason}
-    except Exception as exc:
-        return {"status": None, "error": repr(exc)}
-"""
 
 
 class EgressServer:

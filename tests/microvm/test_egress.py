@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from _fetch import FETCH
 from sandlot import NetworkPolicy, Sandbox
 from sandlot.backends.microvm import MicroVMBackend, egress_mux
 from sandlot.egress import EgressProxy, StaticResolver
@@ -79,19 +80,6 @@ def _json(sbx: Sandbox, code: str) -> Any:
     execution = sbx.run_code(code, timeout=CELL_TIMEOUT)
     assert execution.error is None, execution.error
     return json.loads("".join(execution.logs.stdout))
-
-
-FETCH = """
-import json, urllib.request, urllib.error
-def fetch(url):
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            return {"status": response.status, "body": response.read().decode()}
-    except urllib.error.HTTPError as exc:
-        return {"status": exc.code, "reason": exc.reason}
-    except Exception as exc:
-        return {"status": None, "error": repr(exc)}
-"""
 
 
 @pytest.mark.requires_microvm

@@ -42,7 +42,7 @@ from sandlot import SandlotError
 from sandlot.server._cells import QUEUE_BYTES, CellRunner, _ndjson
 from sandlot.server._manager import ApiError
 from sandlot.server._routes import Execute, cell_runner
-from sandlot.server._state import ServerState, api_key_of, principal_for
+from sandlot.server._state import ServerState, api_key_of, key_refused, principal_for
 from sandlot.server._store import Principal
 from sandlot.server._ui_session import origin_problem
 
@@ -140,15 +140,7 @@ async def serve_cells(
 async def _principal(state: ServerState, key: str | None) -> Principal:
     principal = await principal_for(state, key) if key else None
     if principal is None:
-        state.metrics.requests_rejected.labels("auth").inc()
-        raise Refused(
-            401,
-            "AuthenticationError",
-            "a valid API key is required (Authorization: Bearer KEY)"
-            if key is None
-            else "invalid or revoked API key",
-            final=True,
-        )
+        raise Refused(401, "AuthenticationError", key_refused(state, key), final=True)
     return principal
 
 

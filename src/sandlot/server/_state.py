@@ -84,6 +84,14 @@ def api_key_of(request: HTTPConnection) -> str | None:
     return request.headers.get("x-api-key") or None
 
 
+def key_refused(state: ServerState, key: str | None) -> str:
+    """Count a request refused for its key and say why (no key, or not a live one)."""
+    state.metrics.requests_rejected.labels("auth").inc()
+    if key is None:
+        return "a valid API key is required (Authorization: Bearer KEY)"
+    return "invalid or revoked API key"
+
+
 async def authenticate(
     request: Request,
     # Declares the scheme in the OpenAPI document; the key is read by api_key_of.
@@ -93,12 +101,5 @@ async def authenticate(
     key = api_key_of(request)
     principal = await principal_for(state, key) if key else None
     if principal is None:
-        state.metrics.requests_rejected.labels("auth").inc()
-        raise ApiError(
-            401,
-            "AuthenticationError",
-            "a valid API key is required (Authorization: Bearer KEY)"
-            if key is None
-            else "invalid or revoked API key",
-        )
+        raise ApiError(401, "AuthenticationError", key_refused(state, key))
     return principal
