@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from _host import eventually
+from _host import eventually, host_pids
 from _server_harness import ServerProcess
 
 pytestmark = [
@@ -220,6 +222,38 @@ def test_a_sandbox_with_a_background_process_still_expires(tmp_path: Path) -> No
             eventually(
                 lambda: client.get(f"/v1/sandboxes/{sandbox_id}").status_code == 404,
                 "the sandbox to expire under its running process",
+            )
+    finally:
+        server.stop()
+
+
+def test_a_sandbox_that_does_not_answer_cannot_stall_the_reaper(tmp_path: Path) -> None:
+    """The reaper asks idle sandboxes whether a process runs: one whose runner was
+    stopped (SIGSTOP, so it never answers) counts as idle after a short wait, and the
+    other tenants' idle sandboxes are reaped on time, not after its 60 s request
+    timeout."""
+    server = ServerProcess(tmp_path / "state", "--idle-ttl", "2").start()
+    try:
+        with _client(server, server.key("ops-frozen")) as client:
+            frozen = client.post("/v1/sandboxes", json={"timeout": 600}).json()["sandbox_id"]
+            marker = f"sleep {int(time.monotonic() * 1000) % 1_000_000 + 2_000_000}"
+            pid = _started_pid(client, frozen, {"cmd": marker})
+            assert pid
+            eventually(lambda: bool(host_pids(marker)), "the marker process on the host")
+            (sleeper,) = host_pids(marker)
+            with open(f"/proc/{sleeper}/stat") as handle:
+                runner = int(handle.read().rsplit(")", 1)[1].split()[1])
+            os.kill(runner, signal.SIGSTOP)
+            other = client.post("/v1/sandboxes", json={"timeout": 600}).json()["sandbox_id"]
+            created = time.monotonic()
+            eventually(
+                lambda: client.get(f"/v1/sandboxes/{other}").status_code == 404,
+                "the other idle sandbox to be reaped",
+            )
+            assert time.monotonic() - created < 20
+            eventually(
+                lambda: client.get(f"/v1/sandboxes/{frozen}").status_code == 404,
+                "the silent sandbox to be reaped as idle",
             )
     finally:
         server.stop()

@@ -10,6 +10,7 @@ bookkeeping that lets a restarted server clean up after a crash.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import math
 import threading
@@ -42,6 +43,9 @@ from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._store import Principal, Store
 
 log = logging.getLogger("sandlot.server")
+PROBE_SECONDS = 2.0
+"""How long the reaper waits for idle sandboxes to say whether a background process
+runs in them; one that has not answered by then is idle."""
 DEFAULT_MARK = "sandlot:default"
 """Metadata key of a tenant's default sandbox (the one ``/e2b`` uses)."""
 
@@ -118,6 +122,8 @@ class SandboxManager:
         )
         self.running: dict[str, RunningCell] = {}
         self._destroyer = ThreadPoolExecutor(8, thread_name_prefix="sandlot-destroy")
+        self._prober = ThreadPoolExecutor(8, thread_name_prefix="sandlot-probe")
+        """Asks idle sandboxes whether a background process runs (see :meth:`reap`)."""
         self._default_lock = threading.Lock()
         self.closing = False
         self.on_change: list[Any] = []
@@ -592,8 +598,17 @@ class SandboxManager:
             ]
         # Asked outside the lock (a call into each idle sandbox), and only of sandboxes
         # idle by the clock, so a busy server asks nothing. A process started after
-        # the answer came in with a lease, which the decision below sees.
-        busy = {id(entry) for entry in candidates if _has_processes(entry)}
+        # the answer came in with a lease, which the decision below sees. Asked in
+        # parallel and waited for at most PROBE_SECONDS: a sandbox that does not answer
+        # (its runner stopped) counts as idle, and cannot stall the reaper for others.
+        busy: set[int] = set()
+        if candidates:
+            try:
+                probes = {self._prober.submit(_has_processes, e): e for e in candidates}
+            except RuntimeError:  # drained
+                probes = {}
+            done, _ = concurrent.futures.wait(probes, timeout=PROBE_SECONDS)
+            busy = {id(probes[f]) for f in done if f.result()}
         doomed: list[tuple[ManagedSandbox, str]] = []
         with self._lock:
             # Decided and unregistered in one step: a request that leased a sandbox
@@ -635,6 +650,7 @@ class SandboxManager:
         for entry in self.all():
             self.kill(entry, "server-shutdown")
         self._destroyer.shutdown(wait=True)  # every sandbox killed so far is gone
+        self._prober.shutdown(wait=False)
         report = {"finished": finished, "interrupted": interrupted}
         log.warning(
             "shutdown: %d running cell(s) finished, %d interrupted %s",
