@@ -165,6 +165,10 @@ def test_e2b_wire_commands_and_files_are_recorded(server: ServerProcess) -> None
         sbx.files.rename("/home/user/w.txt", "/home/user/dir/w.txt")
         sbx.files.remove("/home/user/dir/w.txt")
         assert sbx.files.list("/home/user")
+        # Signed URLs (no headers): recorded under the key that created the sandbox.
+        signed = httpx.post(sbx.upload_url("signed.txt"), files={"file": ("x", b"signed")})
+        assert signed.status_code == 200, signed.text
+        assert httpx.get(sbx.download_url("signed.txt")).content == b"signed"
         rows = _operations(server, "--sandbox", sbx.sandbox_id)
     finally:
         sbx.kill()
@@ -185,7 +189,10 @@ def test_e2b_wire_commands_and_files_are_recorded(server: ServerProcess) -> None
         ("mkdir", "/home/user/dir"),
         ("rename", "/home/user/w.txt"),
         ("remove", "/home/user/dir/w.txt"),
+        ("write", "signed.txt"),
+        ("download", "signed.txt"),
     ], summary
+    assert {row["key_id"] for row in rows} == {key.split("_")[1]}
     assert rows[6]["destination"] == "/home/user/dir/w.txt"
 
 
