@@ -11,7 +11,7 @@ worker threads.
 The audit trail is bounded: every string a sandbox chose (egress hosts, methods,
 reasons, exception names) is stored escaped and capped (:func:`sandlot.safetext.escape`),
 and a store given a retention (``audit_max_age``, ``audit_max_rows``) deletes older
-rows: egress rows as they are written, both tables in :meth:`Store.prune`.
+rows: egress rows as they are written, every audit table in :meth:`Store.prune`.
 """
 
 from __future__ import annotations
