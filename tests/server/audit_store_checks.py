@@ -140,6 +140,12 @@ def check_operations(url: str) -> None:
     store = Store(url, audit_max_rows=2)
     try:
         who = Principal("ops-tenant", "ops-key")
+        for pid in (2**40, -1):  # any integer a caller sends; no overflow, no row lost
+            odd = store.operation_started(
+                principal=who, sandbox_id="odd-pid", kind="kill", target=None, pid=pid
+            )
+            store.operation_finished(odd, {"outcome": "error", "pid": pid})
+        assert [row["pid"] for row in store.query_operations(sandbox_id="odd-pid")] == [None, None]
         line = "echo " + HOSTILE
         done = store.operation_started(
             principal=who, sandbox_id="ops-box", kind="command", target=line
@@ -157,7 +163,7 @@ def check_operations(url: str) -> None:
                 destination="c",
             )
             store.operation_finished(moved, {"outcome": "ok"})
-        rows = store.query_operations(tenant="ops-tenant")
+        rows = store.query_operations(tenant="ops-tenant", sandbox_id="ops-box")
         assert [row["kind"] for row in rows] == ["command", "process", "rename", "rename", "rename"]
         command = rows[0]
         assert command["outcome"] == "ok" and command["exit_code"] == 3
@@ -167,7 +173,7 @@ def check_operations(url: str) -> None:
         assert command["target_bytes"] == len(line.encode())
         assert rows[2]["target"] == "a\\nb" and rows[2]["destination"] == "c"
         store.prune()
-        kept = store.query_operations(tenant="ops-tenant")
+        kept = store.query_operations(tenant="ops-tenant", sandbox_id="ops-box")
         # The row cap keeps the newest two, and the one still running.
         assert [row["kind"] for row in kept] == ["process", "rename", "rename"]
         store.close_orphans()  # as a restarted server does: closes the operations too

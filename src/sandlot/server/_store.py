@@ -693,7 +693,7 @@ class Store:
         if destination is not None:
             row["destination"] = escape(destination, OPERATION_TEXT_LIMIT)
         if pid is not None:
-            row["pid"] = pid
+            row["pid"] = _pid_column(pid)
         if size is not None:
             row["size"] = size
         self._write((_OPERATION_STARTED, row))
@@ -705,6 +705,8 @@ class Store:
         row = dict(values)
         if row.get("error_name") is not None:
             row["error_name"] = escape(row["error_name"], 256)
+        if "pid" in row:
+            row["pid"] = _pid_column(row["pid"])
         row.setdefault("finished_at", time.time())
         unknown = sorted(set(row) - _OPERATION_COLUMNS)
         if unknown:
@@ -873,6 +875,15 @@ def _execution_finished(columns: frozenset[str]) -> sa.Update:
         .where(executions.c.execution_id == sa.bindparam("_execution_id"))
         .values({name: sa.bindparam(name) for name in sorted(columns)})
     )
+
+
+def _pid_column(pid: int | None) -> int | None:
+    """A pid as stored: one no process can have (the caller chose it: any integer) is
+    kept as None rather than overflow the column (32-bit on PostgreSQL) and refuse the
+    operation; the operation then fails as a pid that runs nothing does."""
+    if pid is None or not 0 < pid < 2**31:
+        return None
+    return pid
 
 
 @functools.lru_cache(maxsize=32)
