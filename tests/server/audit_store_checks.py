@@ -124,3 +124,62 @@ def check_bounds_and_retention(url: str) -> None:
         assert "stale.test" not in {row["host"] for row in store.query_network(limit=100)}
     finally:
         store.close()
+
+
+def check_operations(url: str) -> None:
+    """The operations table: made on a database that predates it (no migration step),
+    a hostile command line escaped and capped with its full size and digest kept, an
+    outcome set, a server crash closing the rows left running, and retention never
+    deleting a running operation."""
+    store = Store(url)
+    store.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE operations"))  # as a database made before it
+    engine.dispose()
+    store = Store(url, audit_max_rows=2)
+    try:
+        who = Principal("ops-tenant", "ops-key")
+        for pid in (2**40, -1):  # any integer a caller sends; no overflow, no row lost
+            odd = store.operation_started(
+                principal=who, sandbox_id="odd-pid", kind="kill", target=None, pid=pid
+            )
+            store.operation_finished(odd, {"outcome": "error", "pid": pid})
+        assert [row["pid"] for row in store.query_operations(sandbox_id="odd-pid")] == [None, None]
+        line = "echo " + HOSTILE
+        done = store.operation_started(
+            principal=who, sandbox_id="ops-box", kind="command", target=line
+        )
+        store.operation_finished(done, {"outcome": "ok", "exit_code": 3})
+        left = store.operation_started(
+            principal=who, sandbox_id="ops-box", kind="process", target="sleep 9"
+        )
+        for _ in range(3):
+            moved = store.operation_started(
+                principal=who,
+                sandbox_id="ops-box",
+                kind="rename",
+                target="a\nb",
+                destination="c",
+            )
+            store.operation_finished(moved, {"outcome": "ok"})
+        rows = store.query_operations(tenant="ops-tenant", sandbox_id="ops-box")
+        assert [row["kind"] for row in rows] == ["command", "process", "rename", "rename", "rename"]
+        command = rows[0]
+        assert command["outcome"] == "ok" and command["exit_code"] == 3
+        assert command["key_id"] == "ops-key" and command["sandbox_id"] == "ops-box"
+        assert len(command["target"]) <= 4096 and "\n" not in command["target"]
+        assert "\x1b" not in command["target"]
+        assert command["target_bytes"] == len(line.encode())
+        assert rows[2]["target"] == "a\\nb" and rows[2]["destination"] == "c"
+        store.prune()
+        kept = store.query_operations(tenant="ops-tenant", sandbox_id="ops-box")
+        # The row cap keeps the newest two, and the one still running.
+        assert [row["kind"] for row in kept] == ["process", "rename", "rename"]
+        store.close_orphans()  # as a restarted server does: closes the operations too
+        (closed,) = [
+            row for row in store.query_operations(kind="process") if row["operation_id"] == left
+        ]
+        assert closed["outcome"] == "killed" and closed["finished_at"] is not None
+    finally:
+        store.close()

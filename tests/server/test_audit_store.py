@@ -6,13 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from audit_store_checks import check_bounds_and_retention, check_old_database_gets_the_count_column
+from audit_store_checks import (
+    check_bounds_and_retention,
+    check_old_database_gets_the_count_column,
+    check_operations,
+)
 
 pytestmark = [pytest.mark.requires_server]
 
 
 def test_an_old_database_gets_the_count_column(tmp_path: Path) -> None:
     check_old_database_gets_the_count_column(f"sqlite:///{tmp_path / 'old.db'}")
+
+
+def test_operations_table_on_an_old_database(tmp_path: Path) -> None:
+    check_operations(f"sqlite:///{tmp_path / 'ops.db'}")
 
 
 def test_bounds_and_retention(tmp_path: Path) -> None:

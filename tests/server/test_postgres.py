@@ -69,8 +69,10 @@ def test_audit_bounds_and_retention_on_postgresql(postgres_url: str) -> None:
     from audit_store_checks import (
         check_bounds_and_retention,
         check_old_database_gets_the_count_column,
+        check_operations,
     )
 
     check_old_database_gets_the_count_column(postgres_url)
     # The same database: the tables exist and hold rows; the checks use their own ids.
     check_bounds_and_retention(postgres_url)
+    check_operations(postgres_url)

@@ -521,6 +521,31 @@ def keys_revoke(key_id: str, state_dir: Path | None, database: str | None) -> No
     type=click.Choice(["allowed", "refused", "failed"]),
     help="With --network: only connections with this verdict.",
 )
+@click.option(
+    "--operations",
+    is_flag=True,
+    help="Show the commands, terminals, process signals and stdin writes, file changes "
+    "and downloads tenants asked for instead of cells.",
+)
+@click.option(
+    "--kind",
+    # sandlot.server._store.OPERATION_KINDS (not imported: the CLI loads the server lazily).
+    type=click.Choice(
+        [
+            "command",
+            "process",
+            "pty",
+            "kill",
+            "stdin",
+            "write",
+            "remove",
+            "rename",
+            "mkdir",
+            "download",
+        ]
+    ),
+    help="With --operations: only operations of this kind.",
+)
 @_storage_options
 def audit(
     tenant: str | None,
@@ -531,16 +556,35 @@ def audit(
     as_json: bool,
     network: bool,
     verdict: str | None,
+    operations: bool,
+    kind: str | None,
     state_dir: Path | None,
     database: str | None,
 ) -> None:
     """Show the audit trail: who ran what code when, where, and how it ended (or, with
-    --network, every connection a sandbox asked for)."""
+    --network, every connection a sandbox asked for; with --operations, every command,
+    terminal and file change)."""
     import time
 
     from sandlot.server import Store
 
     store = Store(_settings(state_dir, database).resolved_database_url)
+    if operations:
+        try:
+            for row in store.query_operations(
+                tenant=tenant,
+                sandbox_id=sandbox_id,
+                kind=kind,
+                since=time.time() - since if since is not None else None,
+                limit=limit,
+            ):
+                if as_json:
+                    click.echo(json.dumps(row, sort_keys=True))
+                    continue
+                click.echo(_operation_line(row))
+        finally:
+            store.close()
+        return
     if network:
         try:
             for row in store.query_network(
@@ -585,6 +629,26 @@ def audit(
             )
     finally:
         store.close()
+
+
+def _operation_line(row: dict[str, Any]) -> str:
+    """One line of ``sandlot audit --operations``: every field a tenant chose escaped."""
+    detail = escape(row["target"] or "")
+    if row["destination"] is not None:
+        detail += f" -> {escape(row['destination'])}"
+    if row["pid"] is not None:
+        detail = f"pid={row['pid']} {detail}".rstrip()
+    if row["size"] is not None:
+        detail += f" {row['size']}B"
+    ended = escape(row["outcome"])
+    if row["exit_code"] is not None:
+        ended += f" exit={row['exit_code']}"
+    if row["error_name"]:
+        ended += f" ({escape(row['error_name'])})"
+    return (
+        f"{_when(row['started_at'])}  {escape(row['tenant']):12} {escape(row['key_id'])} "
+        f"{escape(row['sandbox_id'])}  {escape(row['kind']):8} {ended:16} {detail}"
+    )
 
 
 def _when(timestamp: float) -> str:

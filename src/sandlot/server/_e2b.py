@@ -126,9 +126,12 @@ def _router(
         operation_id=f"e2b_read_file_{suffix}",
     )
     async def read(
-        request: Request, entry: Target, path: Annotated[str, Query(min_length=1)]
+        request: Request,
+        entry: Target,
+        principal: Auth,
+        path: Annotated[str, Query(min_length=1)],
     ) -> StreamingResponse:
-        return await download(state_of(request), entry, path)
+        return await download(state_of(request), entry, path, principal=principal)
 
     @router.post(
         "/files",
@@ -151,6 +154,7 @@ def _router(
     async def write(
         request: Request,
         entry: Target,
+        principal: Auth,
         path: Annotated[str | None, Query(min_length=1)] = None,
     ) -> list[WriteResult]:
         """envd's upload: an ``application/octet-stream`` body for ``path``, or
@@ -161,7 +165,7 @@ def _router(
         if not content_type.startswith("multipart/form-data"):
             if path is None:
                 raise InvalidArgumentError("path is required for an octet-stream upload")
-            info = await upload(state, entry, path, request.stream(), metadata)
+            info = await upload(state, entry, path, request.stream(), metadata, principal=principal)
             return [WriteResult(**info)]
         written: list[WriteResult] = []
         async with request.form() as form:
@@ -172,7 +176,9 @@ def _router(
                 target = path if path is not None and len(files) == 1 else part.filename
                 if not target:
                     raise InvalidArgumentError("each uploaded file needs a path (its filename)")
-                info = await upload(state, entry, target, _parts(part), metadata)
+                info = await upload(
+                    state, entry, target, _parts(part), metadata, principal=principal
+                )
                 written.append(WriteResult(**info))
         return written
 

@@ -111,6 +111,20 @@ async def _call(function: Callable[..., Any], *args: Any) -> Any:
         raise _connect_error(exc) from None
 
 
+async def _audited(
+    kind: str, path: str | None, function: Callable[..., Any], *args: Any, **values: Any
+) -> Any:
+    """:func:`_call`, recorded as an operation of the request's principal (see
+    :meth:`SandboxManager.audited`)."""
+    target = _target()
+    manager = target.state.manager
+    return await _call(
+        functools.partial(
+            manager.audited, target.principal, target.entry, kind, path, function, *args, **values
+        )
+    )
+
+
 def _entry(info: sandlot.EntryInfo) -> filesystem_pb.EntryInfo:
     fields = entry_fields(info)
     modified = datetime.datetime.fromtimestamp(fields.pop("modified_time"), datetime.UTC)
@@ -156,7 +170,7 @@ class FilesystemService(filesystem_connect.Filesystem):
 
     async def make_dir(self, request: Any, ctx: Any) -> Any:
         files = _target().entry.sandbox.files
-        if not await _call(files.make_dir, request.path):
+        if not await _audited("mkdir", request.path, files.make_dir, request.path):
             raise ConnectError(Code.ALREADY_EXISTS, f"{request.path} already exists")
         return filesystem_pb.MakeDirResponse(
             entry=_entry(await _call(files.get_info, request.path))
@@ -164,13 +178,20 @@ class FilesystemService(filesystem_connect.Filesystem):
 
     async def move(self, request: Any, ctx: Any) -> Any:
         files = _target().entry.sandbox.files
-        info = await _call(files.rename, request.source, request.destination)
+        info = await _audited(
+            "rename",
+            request.source,
+            files.rename,
+            request.source,
+            request.destination,
+            destination=request.destination,
+        )
         return filesystem_pb.MoveResponse(entry=_entry(info))
 
     async def remove(self, request: Any, ctx: Any) -> Any:
         files = _target().entry.sandbox.files
         try:
-            await _call(files.remove, request.path)
+            await _audited("remove", request.path, files.remove, request.path)
         except ConnectError as exc:
             # envd removes as ``rm -rf`` does: a path that is not there is no error.
             if exc.code is not Code.NOT_FOUND:
@@ -310,30 +331,40 @@ class ProcessService(process_connect.Process):
             raise ConnectError(Code.DEADLINE_EXCEEDED, "the command's deadline has passed")
         if request.pty is not None:
             size = request.pty.size or process_pb.PTY.Size(rows=24, cols=80)
-            handle = await _call(
-                functools.partial(
-                    sandbox.pty.create,
-                    sandlot.PtySize(rows=size.rows or 24, cols=size.cols or 80),
-                    cwd=cwd,
-                    envs=envs,
-                    timeout=timeout,
-                )
+            kind, line = "pty", None
+            start = functools.partial(
+                sandbox.pty.create,
+                sandlot.PtySize(rows=size.rows or 24, cols=size.cols or 80),
+                cwd=cwd,
+                envs=envs,
+                timeout=timeout,
             )
         else:
             if not config.cmd:
                 raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd must not be empty")
-            handle = await _call(
-                functools.partial(
-                    sandbox.commands.run,
-                    command_line(config.cmd, list(config.args)),
-                    cwd=cwd,
-                    envs=envs,
-                    timeout=timeout,
-                    background=True,
-                    stdin=bool(request.stdin),
-                )
+            kind, line = "process", command_line(config.cmd, list(config.args))
+            start = functools.partial(
+                sandbox.commands.run,
+                line,
+                cwd=cwd,
+                envs=envs,
+                timeout=timeout,
+                background=True,
+                stdin=bool(request.stdin),
             )
-        async for event in _process_events(target, handle):
+        # Recorded before it starts; the E2B SDK's foreground commands.run reads this
+        # stream to the end, so its exit code lands in the same row.
+        operation_id, handle = await _call(
+            functools.partial(
+                target.state.manager.start_audited,
+                target.principal,
+                target.entry,
+                kind,
+                line,
+                start,
+            )
+        )
+        async for event in _process_events(target, handle, operation_id):
             yield process_pb.StartResponse(event=event)
 
     async def connect(self, request: Any, ctx: Any) -> AsyncIterator[Any]:
@@ -368,7 +399,8 @@ class ProcessService(process_connect.Process):
     async def send_signal(self, request: Any, ctx: Any) -> Any:
         # SIGTERM and SIGKILL alike end the process group and every descendant: a
         # sandboxed command gets no grace period to outlive its kill.
-        if not await _call(_target().entry.sandbox.commands.kill, _pid_of(request.process)):
+        pid = _pid_of(request.process)
+        if not await _audited("kill", None, _target().entry.sandbox.commands.kill, pid, pid=pid):
             raise ConnectError(Code.NOT_FOUND, "no such process is running")
         return process_pb.SendSignalResponse()
 
@@ -396,7 +428,8 @@ async def _send_input(pid: int, data: Any) -> None:
     if data is None or data.input is None:
         raise ConnectError(Code.INVALID_ARGUMENT, "no input given")
     sandbox = _target().entry.sandbox
-    await _call(sandbox.commands.send_stdin, pid, bytes(data.input.value))
+    value = bytes(data.input.value)
+    await _audited("stdin", None, sandbox.commands.send_stdin, pid, value, pid=pid, size=len(value))
 
 
 def _process_info(info: sandlot.ProcessInfo) -> Any:
@@ -409,9 +442,12 @@ def _process_info(info: sandlot.ProcessInfo) -> Any:
     return item
 
 
-async def _process_events(target: Target, handle: sandlot.CommandHandle) -> AsyncIterator[Any]:
+async def _process_events(
+    target: Target, handle: sandlot.CommandHandle, operation_id: str | None = None
+) -> AsyncIterator[Any]:
     """A handle's life as envd's events: start (pid), output, end. A client that goes
-    away (the call is cancelled) only detaches: the process runs on."""
+    away (the call is cancelled) only detaches: the process runs on. With
+    ``operation_id`` (the call that started it), the end is recorded in its row."""
     start = process_pb.ProcessEvent.StartEvent(pid=handle.pid)
     yield process_pb.ProcessEvent(event=_oneof("start", start))
     items = iter(handle)
@@ -436,6 +472,18 @@ async def _process_events(target: Target, handle: sandlot.CommandHandle) -> Asyn
     finally:
         handle.disconnect()
     exit_code = handle.exit_code if handle.exit_code is not None else -1
+    if operation_id is not None and handle.exit_code is not None:
+        await run_blocking(
+            target,
+            functools.partial(
+                target.state.manager.operation_finished,
+                operation_id,
+                "ok",
+                pid=handle.pid,
+                exit_code=handle.exit_code,
+                error_name=handle.error,
+            ),
+        )
     _check_not_cut(target, sandlot.CommandResult(handle.stdout, "", exit_code, handle.error))
     end = process_pb.ProcessEvent.EndEvent(
         exit_code=exit_code,

@@ -398,7 +398,7 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
     async def read(
         request: Request, target: Current, path: Annotated[str, Query(min_length=1)]
     ) -> StreamingResponse:
-        response = await download(target.state, target.entry, path)
+        response = await download(target.state, target.entry, path, principal=target.principal)
         if "gzip" not in request.headers.get("accept-encoding", ""):
             return response
         return StreamingResponse(
@@ -426,7 +426,10 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
             chunks: AsyncIterator[bytes] = request.stream()
             if encoding == "gzip":
                 chunks = _gunzip(chunks)
-            return [_written(await upload(state, entry, path, chunks, metadata))]
+            principal = target.principal
+            return [
+                _written(await upload(state, entry, path, chunks, metadata, principal=principal))
+            ]
         written: list[dict[str, Any]] = []
         async with request.form(max_files=1000) as form:
             files = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
@@ -436,7 +439,9 @@ def plane_app(status_table: tuple[tuple[type[Exception], int], ...]) -> FastAPI:
                 target_path = path if path is not None and len(files) == 1 else part.filename
                 if not target_path:
                     raise InvalidArgumentError("each uploaded file needs a path (its filename)")
-                info = await upload(state, entry, target_path, _parts(part), metadata)
+                info = await upload(
+                    state, entry, target_path, _parts(part), metadata, principal=target.principal
+                )
                 written.append(_written(info))
         return written
 

@@ -10,12 +10,13 @@ bookkeeping that lets a restarted server clean up after a crash.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import math
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,9 @@ from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._store import Principal, Store
 
 log = logging.getLogger("sandlot.server")
+PROBE_SECONDS = 2.0
+"""How long the reaper waits for idle sandboxes to say whether a background process
+runs in them; one that has not answered by then is idle."""
 DEFAULT_MARK = "sandlot:default"
 """Metadata key of a tenant's default sandbox (the one ``/e2b`` uses)."""
 
@@ -118,6 +122,8 @@ class SandboxManager:
         )
         self.running: dict[str, RunningCell] = {}
         self._destroyer = ThreadPoolExecutor(8, thread_name_prefix="sandlot-destroy")
+        self._prober = ThreadPoolExecutor(8, thread_name_prefix="sandlot-probe")
+        """Asks idle sandboxes whether a background process runs (see :meth:`reap`)."""
         self._default_lock = threading.Lock()
         self.closing = False
         self.on_change: list[Any] = []
@@ -494,6 +500,75 @@ class SandboxManager:
         except SandlotError as exc:
             log.warning("could not interrupt cell %s: %s", cell.execution_id, escape(exc, 1024))
 
+    # --- operations audit ----------------------------------------------------------------
+    def operation_started(
+        self,
+        principal: Principal,
+        entry: ManagedSandbox,
+        kind: str,
+        target: str | None,
+        **values: Any,
+    ) -> str:
+        """Record an operation (command, terminal, signal, stdin, file change, download)
+        before it runs; raises if the row cannot be written, so nothing runs unrecorded.
+        Blocking: call it in a worker thread."""
+        return self.store.operation_started(
+            principal=principal, sandbox_id=entry.sandbox_id, kind=kind, target=target, **values
+        )
+
+    def operation_finished(self, operation_id: str, outcome: str, **values: Any) -> None:
+        """Record how an operation ended. Never raises: it has happened either way (a
+        row left ``running`` is closed as ``killed`` by the next :meth:`recover`)."""
+        try:
+            self.store.operation_finished(operation_id, {"outcome": outcome, **values})
+        except Exception:
+            log.exception("could not record the end of operation %s", operation_id)
+
+    def audited(
+        self,
+        principal: Principal,
+        entry: ManagedSandbox,
+        kind: str,
+        target: str | None,
+        function: Callable[..., Any],
+        *args: Any,
+        destination: str | None = None,
+        size: int | None = None,
+        pid: int | None = None,
+    ) -> Any:
+        """``function(*args)``, recorded as an operation: the row before the call, its
+        outcome (``ok``, or ``error`` and the exception's name) after. Blocking."""
+        operation_id = self.operation_started(
+            principal, entry, kind, target, destination=destination, size=size, pid=pid
+        )
+        try:
+            result = function(*args)
+        except BaseException as exc:
+            self.operation_finished(operation_id, "error", error_name=type(exc).__name__)
+            raise
+        self.operation_finished(operation_id, "ok")
+        return result
+
+    def start_audited(
+        self,
+        principal: Principal,
+        entry: ManagedSandbox,
+        kind: str,
+        line: str | None,
+        start: Callable[[], Any],
+    ) -> tuple[str, Any]:
+        """Start a background command or terminal (``start()`` returns its handle),
+        recorded first; the row ends ``started`` with its pid. Returns the operation's
+        id and the handle. Blocking."""
+        operation_id = self.operation_started(principal, entry, kind, line)
+        try:
+            handle = start()
+        except BaseException as exc:
+            self.operation_finished(operation_id, "error", error_name=type(exc).__name__)
+            raise
+        self.operation_finished(operation_id, "started", pid=handle.pid)
+        return operation_id, handle
+
     # --- lifecycle ----------------------------------------------------------------------
     def warm_pool(self) -> None:
         """Keep the configured templates' default shape warm (called at start-up and by
@@ -508,16 +583,43 @@ class SandboxManager:
             )
 
     def reap(self) -> list[str]:
-        """Kill sandboxes past their timeout, or idle longer than the idle TTL."""
+        """Kill sandboxes past their timeout, or idle longer than the idle TTL.
+
+        A sandbox with a background command or terminal still running is not idle,
+        whether or not a client streams it: its idle TTL counts from the last time the
+        reaper saw one running. Its ``timeout`` applies all the same."""
         now = time.time()
+        ttl = self.settings.idle_ttl
+        with self._lock:
+            candidates = [
+                entry
+                for entry in self._sandboxes.values()
+                if now < entry.expires_at and entry.active == 0 and now - entry.last_used >= ttl
+            ]
+        # Asked outside the lock (a call into each idle sandbox), and only of sandboxes
+        # idle by the clock, so a busy server asks nothing. A process started after
+        # the answer came in with a lease, which the decision below sees. Asked in
+        # parallel and waited for at most PROBE_SECONDS: a sandbox that does not answer
+        # (its runner stopped) counts as idle, and cannot stall the reaper for others.
+        busy: set[int] = set()
+        if candidates:
+            try:
+                probes = {self._prober.submit(_has_processes, e): e for e in candidates}
+            except RuntimeError:  # drained
+                probes = {}
+            done, _ = concurrent.futures.wait(probes, timeout=PROBE_SECONDS)
+            busy = {id(probes[f]) for f in done if f.result()}
         doomed: list[tuple[ManagedSandbox, str]] = []
         with self._lock:
             # Decided and unregistered in one step: a request that leased a sandbox
             # keeps it, one that comes later sees 404 (never a sandbox dying under it).
             for entry in list(self._sandboxes.values()):
+                if id(entry) in busy:
+                    entry.last_used = max(entry.last_used, now)
+                    continue
                 if now >= entry.expires_at:
                     reason = "expired"
-                elif entry.active == 0 and now - entry.last_used >= self.settings.idle_ttl:
+                elif entry.active == 0 and now - entry.last_used >= ttl:
                     reason = "idle"
                 else:
                     continue
@@ -548,6 +650,7 @@ class SandboxManager:
         for entry in self.all():
             self.kill(entry, "server-shutdown")
         self._destroyer.shutdown(wait=True)  # every sandbox killed so far is gone
+        self._prober.shutdown(wait=False)
         report = {"finished": finished, "interrupted": interrupted}
         log.warning(
             "shutdown: %d running cell(s) finished, %d interrupted %s",
@@ -561,6 +664,18 @@ class SandboxManager:
         live = len(self._sandboxes)
         for callback in self.on_change:
             callback(live)
+
+
+def _has_processes(entry: ManagedSandbox) -> bool:
+    """Whether a background command or terminal runs in the sandbox (False when it
+    cannot say: a sandbox whose runner does not answer is not kept alive by it)."""
+    try:
+        return bool(entry.sandbox.commands.list())
+    except SandlotError:
+        return False
+    except Exception:
+        log.exception("could not list the processes of sandbox %s", entry.sandbox_id)
+        return False
 
 
 def _recovery(sandbox: Sandbox) -> tuple[str | None, RecoveryToken | None]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import tempfile
 import threading
 import time
@@ -247,8 +248,16 @@ async def sandbox_of(
 ) -> AsyncIterator[ManagedSandbox]:
     """The caller's sandbox, leased for the request (never reaped from under it)."""
     manager = state_of(request).manager
+    # Kept for the operations audit (see :func:`principal_of`).
+    request.state.principal = principal
     async with leased(request, manager.lease(principal, sandbox_id)) as entry:
         yield entry
+
+
+def principal_of(request: Request) -> Principal:
+    """Who asked for a request on an :data:`Owned` sandbox (the operations audit's who)."""
+    principal: Principal = request.state.principal
+    return principal
 
 
 @contextlib.asynccontextmanager
@@ -460,9 +469,21 @@ DOWNLOAD_HEADERS = {
 }
 
 
-async def download(state: ServerState, entry: ManagedSandbox, path: str) -> StreamingResponse:
-    """Stream a file out of the sandbox; errors (404...) are raised before the 200."""
-    chunks: Iterator[bytes] = await state.blocking(entry.sandbox.files.read, path, "stream")
+async def download(
+    state: ServerState, entry: ManagedSandbox, path: str, *, principal: Principal
+) -> StreamingResponse:
+    """Stream a file out of the sandbox; errors (404...) are raised before the 200.
+    Audited (a ``download`` operation) as it opens."""
+    chunks: Iterator[bytes] = await state.blocking(
+        state.manager.audited,
+        principal,
+        entry,
+        "download",
+        path,
+        entry.sandbox.files.read,
+        path,
+        "stream",
+    )
     first = await state.blocking(next, chunks, b"")
 
     async def body() -> AsyncIterator[bytes]:
@@ -502,9 +523,11 @@ async def upload(
     path: str,
     chunks: AsyncIterator[bytes],
     metadata: dict[str, str] | None = None,
+    *,
+    principal: Principal,
 ) -> dict[str, Any]:
     """Spool an upload to disk (never all in memory), then write it into the sandbox
-    with ``metadata`` (none: the file keeps none).
+    with ``metadata`` (none: the file keeps none), audited as a ``write`` operation.
 
     Refused with 413 as soon as it passes the server's upload limit or the
     sandbox's workspace size (``disk_mb``).
@@ -531,7 +554,20 @@ async def upload(
                 )
             await state.blocking(spool.write, chunk)
         spool.seek(0)
-        info = await state.blocking(entry.sandbox.files.write, path, spool, metadata)
+        info = await state.blocking(
+            functools.partial(
+                state.manager.audited,
+                principal,
+                entry,
+                "write",
+                path,
+                entry.sandbox.files.write,
+                path,
+                spool,
+                metadata,
+                size=size,
+            )
+        )
     return {"name": info.name, "type": info.type, "path": info.path, "metadata": info.metadata}
 
 
@@ -545,7 +581,7 @@ async def read_file(
     request: Request, entry: Owned, path: Annotated[str, Query(min_length=1)]
 ) -> StreamingResponse:
     """Download a file (streamed)."""
-    return await download(state_of(request), entry, path)
+    return await download(state_of(request), entry, path, principal=principal_of(request))
 
 
 @router.post(
@@ -567,14 +603,26 @@ async def write_file(
     <value>`` headers are the file's metadata (replacing what it had)."""
     state = state_of(request)
     metadata = upload_metadata(request)
-    return WriteResult(**await upload(state, entry, path, request.stream(), metadata))
+    principal = principal_of(request)
+    return WriteResult(
+        **await upload(state, entry, path, request.stream(), metadata, principal=principal)
+    )
 
 
 @router.delete("/v1/sandboxes/{sandbox_id}/files", status_code=204, tags=["files"])
 async def remove_file(
     request: Request, entry: Owned, path: Annotated[str, Query(min_length=1)]
 ) -> None:
-    await state_of(request).blocking(entry.sandbox.files.remove, path)
+    manager = state_of(request).manager
+    await state_of(request).blocking(
+        manager.audited,
+        principal_of(request),
+        entry,
+        "remove",
+        path,
+        entry.sandbox.files.remove,
+        path,
+    )
 
 
 def _entry(info: EntryInfo) -> Entry:
@@ -605,14 +653,34 @@ async def file_info(
 async def make_dir(
     request: Request, entry: Owned, path: Annotated[str, Query(min_length=1)]
 ) -> JSONResponse:
-    created = await state_of(request).blocking(entry.sandbox.files.make_dir, path)
+    manager = state_of(request).manager
+    created = await state_of(request).blocking(
+        manager.audited,
+        principal_of(request),
+        entry,
+        "mkdir",
+        path,
+        entry.sandbox.files.make_dir,
+        path,
+    )
     return JSONResponse({"created": created})
 
 
 @router.post("/v1/sandboxes/{sandbox_id}/files/rename", tags=["files"])
 async def rename(request: Request, entry: Owned, body: Rename) -> Entry:
-    info = await state_of(request).blocking(
-        entry.sandbox.files.rename, body.old_path, body.new_path
+    state = state_of(request)
+    info = await state.blocking(
+        functools.partial(
+            state.manager.audited,
+            principal_of(request),
+            entry,
+            "rename",
+            body.old_path,
+            entry.sandbox.files.rename,
+            body.old_path,
+            body.new_path,
+            destination=body.new_path,
+        )
     )
     return _entry(info)
 
@@ -698,9 +766,14 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
         seconds(body.timeout) if body.timeout is not None else DEFAULT_COMMAND_TIMEOUT,
         "timeout" not in body.model_fields_set or body.timeout is None,
     )
+    # Recorded before it runs: a command the audit cannot record does not run.
+    operation_id = await state.blocking(
+        state.manager.operation_started, principal_of(request), entry, "command", body.cmd
+    )
 
     def work(push: Any) -> None:
         state.manager.touch(entry, +1)
+        outcome: dict[str, Any] = {"outcome": "error", "error_name": "ServerError"}
         try:
             result = entry.sandbox.commands.run(
                 body.cmd,
@@ -711,10 +784,13 @@ async def run_command(request: Request, entry: Owned, body: RunCommand) -> Strea
                 on_stdout=stream_only(lambda m: push({"type": "stdout", "text": m.line})),
                 on_stderr=stream_only(lambda m: push({"type": "stderr", "text": m.line})),
             )
+            outcome = {"outcome": "ok", "exit_code": result.exit_code, "error_name": result.error}
             push({"type": "end_of_command", "exit_code": result.exit_code, "error": result.error})
         except SandlotError as exc:  # typed for the client; the command did not run
+            outcome["error_name"] = type(exc).__name__
             push({"type": "end_of_command", "exception": exception_message(exc)})
         finally:
+            state.manager.operation_finished(operation_id, **outcome)
             state.manager.touch(entry, -1)
             push(None)
 
@@ -782,10 +858,13 @@ class _OwnThread(Executor):
 _STREAM_THREADS = _OwnThread()
 
 
-def _process_stream(state: ServerState, entry: ManagedSandbox, handle: Any) -> StreamingResponse:
+def _process_stream(
+    state: ServerState, entry: ManagedSandbox, handle: Any, operation_id: str | None = None
+) -> StreamingResponse:
     """Stream a CommandHandle as NDJSON: ``started``, ``stdout``/``stderr``/``pty``
     (base64), then ``end`` (``exit_code``, ``error``). Disconnecting detaches; the
-    process runs on."""
+    process runs on. With ``operation_id`` (the stream that started it), an end it
+    sees is recorded in that operation's row."""
 
     def work(push: Any) -> None:
         state.manager.touch(entry, +1)
@@ -799,6 +878,14 @@ def _process_stream(state: ServerState, entry: ManagedSandbox, handle: Any) -> S
                 elif pty is not None:
                     push({"type": "pty", "data": base64.b64encode(pty).decode("ascii")})
             if handle.exit_code is not None:
+                if operation_id is not None:
+                    state.manager.operation_finished(
+                        operation_id,
+                        "ok",
+                        pid=handle.pid,
+                        exit_code=handle.exit_code,
+                        error_name=handle.error,
+                    )
                 push({"type": "end", "exit_code": handle.exit_code, "error": handle.error})
         except SandlotError as exc:
             push({"type": "end", "exception": exception_message(exc)})
@@ -825,10 +912,11 @@ async def start_process(request: Request, entry: Owned, body: StartProcess) -> S
     """Start a background command (or, with ``pty``, a terminal running bash); its
     events stream as NDJSON. Closing the stream leaves the process running."""
     state = state_of(request)
+    start: Callable[[], Any]
     if body.pty is None:
         if not body.cmd.strip():
             raise InvalidArgumentError("cmd must be a non-empty string")
-        handle = await state.blocking(
+        start = functools.partial(
             entry.sandbox.commands.run,
             body.cmd,
             body.cwd,
@@ -838,14 +926,18 @@ async def start_process(request: Request, entry: Owned, body: StartProcess) -> S
             stdin=body.stdin,
         )
     else:
-        handle = await state.blocking(
+        start = functools.partial(
             entry.sandbox.pty.create,
             PtySize(rows=body.pty.rows, cols=body.pty.cols),
             body.cwd,
             body.envs,
             body.timeout,
         )
-    return _process_stream(state, entry, handle)
+    kind, line = ("process", body.cmd) if body.pty is None else ("pty", None)
+    operation_id, handle = await state.blocking(
+        state.manager.start_audited, principal_of(request), entry, kind, line, start
+    )
+    return _process_stream(state, entry, handle, operation_id)
 
 
 @router.get("/v1/sandboxes/{sandbox_id}/processes", tags=["commands"])
@@ -874,7 +966,19 @@ async def kill_process(
     request: Request, entry: Owned, pid: Annotated[int, FastPath(gt=0)]
 ) -> JSONResponse:
     """Kill the process group and every descendant; ``killed`` false if not running."""
-    killed = await state_of(request).blocking(entry.sandbox.commands.kill, pid)
+    state = state_of(request)
+    killed = await state.blocking(
+        functools.partial(
+            state.manager.audited,
+            principal_of(request),
+            entry,
+            "kill",
+            None,
+            entry.sandbox.commands.kill,
+            pid,
+            pid=pid,
+        )
+    )
     return JSONResponse({"killed": killed})
 
 
@@ -886,7 +990,21 @@ async def send_process_stdin(
         data = base64.b64decode(body.data, validate=True)
     except ValueError:
         raise InvalidArgumentError("data must be base64") from None
-    await state_of(request).blocking(entry.sandbox.commands.send_stdin, pid, data)
+    state = state_of(request)
+    await state.blocking(
+        functools.partial(
+            state.manager.audited,
+            principal_of(request),
+            entry,
+            "stdin",
+            None,
+            entry.sandbox.commands.send_stdin,
+            pid,
+            data,
+            pid=pid,
+            size=len(data),
+        )
+    )
 
 
 @router.post(

@@ -11,7 +11,7 @@ worker threads.
 The audit trail is bounded: every string a sandbox chose (egress hosts, methods,
 reasons, exception names) is stored escaped and capped (:func:`sandlot.safetext.escape`),
 and a store given a retention (``audit_max_age``, ``audit_max_rows``) deletes older
-rows: egress rows as they are written, both tables in :meth:`Store.prune`.
+rows: egress rows as they are written, every audit table in :meth:`Store.prune`.
 """
 
 from __future__ import annotations
@@ -155,6 +155,53 @@ summary row (``method`` SUMMARY) stands for ``count`` connections (the proxy's r
 limit on refusal records, or a full queue). ``count`` was added later: a database
 made before it gets the column (default 1) when a store opens it."""
 
+operations = sa.Table(
+    "operations",
+    _metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("operation_id", sa.String(32), nullable=False, unique=True),
+    sa.Column("tenant", sa.String(128), nullable=False, index=True),
+    sa.Column("key_id", sa.String(32), nullable=False),
+    sa.Column("sandbox_id", sa.String(64), nullable=False, index=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("target", sa.Text, nullable=True),
+    sa.Column("target_bytes", sa.Integer, nullable=True),
+    sa.Column("target_sha256", sa.String(64), nullable=True),
+    sa.Column("destination", sa.Text, nullable=True),
+    sa.Column("pid", sa.Integer, nullable=True),
+    sa.Column("size", sa.BigInteger, nullable=True),
+    sa.Column("started_at", sa.Float, nullable=False, index=True),
+    sa.Column("finished_at", sa.Float, nullable=True),
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("exit_code", sa.Integer, nullable=True),
+    sa.Column("error_name", sa.String(256), nullable=True),
+)
+"""One row per command, terminal, process signal or stdin write, and file change or
+download a tenant asked for (not per cell: those are ``executions``). Written before
+the operation runs (``outcome`` running), finished when it returns: ``ok`` or
+``error`` (``exit_code`` for a foreground command); ``started`` for a background
+process or terminal (its ``pid``), then ``ok`` with its exit code if the stream that
+started it saw it end. ``target`` is the command line
+or path, escaped and capped at :data:`OPERATION_TEXT_LIMIT` characters
+(``target_bytes`` and ``target_sha256`` are of the whole). A table of its own, so
+databases made before it need no migration."""
+
+OPERATION_TEXT_LIMIT = 4096
+"""Longest command line or path kept in an ``operations`` row."""
+
+OPERATION_KINDS = (
+    "command",
+    "process",
+    "pty",
+    "kill",
+    "stdin",
+    "write",
+    "remove",
+    "rename",
+    "mkdir",
+    "download",
+)
+
 TEXT_LIMIT = 1024
 """Longest sandbox-chosen text kept in a column without a width of its own (reasons)."""
 
@@ -191,6 +238,8 @@ _RECOVERY_ENDED = sandbox_recovery.delete().where(
 )
 _EXECUTION_STARTED = executions.insert()
 _EXECUTION_COLUMNS = frozenset(column.name for column in executions.columns)
+_OPERATION_STARTED = operations.insert()
+_OPERATION_COLUMNS = frozenset(column.name for column in operations.columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,6 +581,11 @@ class Store:
                 .where(executions.c.outcome == "running")
                 .values(outcome="killed", status="died", finished_at=now)
             ).rowcount
+            conn.execute(
+                operations.update()
+                .where(operations.c.outcome == "running")
+                .values(outcome="killed", finished_at=now)
+            )
         return int(boxes or 0), int(cells or 0)
 
     # --- audit --------------------------------------------------------------------------
@@ -604,6 +658,83 @@ class Store:
                 if row[name] is not None:
                     row[name] = json.loads(row[name])
             yield row
+
+    # --- operations audit ----------------------------------------------------------------
+    def operation_started(
+        self,
+        *,
+        principal: Principal,
+        sandbox_id: str,
+        kind: str,
+        target: str | None,
+        destination: str | None = None,
+        pid: int | None = None,
+        size: int | None = None,
+    ) -> str:
+        """Record an operation about to run (see ``operations``); returns its id for
+        :meth:`operation_finished`."""
+        if kind not in OPERATION_KINDS:
+            raise InvalidArgumentError(f"unknown operation kind {kind!r}")
+        operation_id = secrets.token_hex(16)
+        row: dict[str, Any] = {
+            "operation_id": operation_id,
+            "tenant": principal.tenant,
+            "key_id": principal.key_id,
+            "sandbox_id": sandbox_id,
+            "kind": kind,
+            "started_at": time.time(),
+            "outcome": "running",
+        }
+        if target is not None:
+            data = target.encode("utf-8", "surrogateescape")
+            row["target"] = escape(target, OPERATION_TEXT_LIMIT)
+            row["target_bytes"] = len(data)
+            row["target_sha256"] = hashlib.sha256(data).hexdigest()
+        if destination is not None:
+            row["destination"] = escape(destination, OPERATION_TEXT_LIMIT)
+        if pid is not None:
+            row["pid"] = _pid_column(pid)
+        if size is not None:
+            row["size"] = size
+        self._write((_OPERATION_STARTED, row))
+        return operation_id
+
+    def operation_finished(self, operation_id: str, values: Mapping[str, Any]) -> None:
+        """Set an operation's end (``outcome`` and any of ``exit_code``, ``pid``,
+        ``size``, ``error_name``; ``finished_at`` defaults to now)."""
+        row = dict(values)
+        if row.get("error_name") is not None:
+            row["error_name"] = escape(row["error_name"], 256)
+        if "pid" in row:
+            row["pid"] = _pid_column(row["pid"])
+        row.setdefault("finished_at", time.time())
+        unknown = sorted(set(row) - _OPERATION_COLUMNS)
+        if unknown:
+            raise InvalidArgumentError(f"operations has no column(s) {unknown}")
+        self._write((_operation_finished(frozenset(row)), {**row, "_operation_id": operation_id}))
+
+    def query_operations(
+        self,
+        *,
+        tenant: str | None = None,
+        sandbox_id: str | None = None,
+        kind: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """The most recent ``limit`` operations, oldest first."""
+        query = sa.select(operations).order_by(operations.c.id.desc()).limit(limit)
+        if tenant is not None:
+            query = query.where(operations.c.tenant == tenant)
+        if sandbox_id is not None:
+            query = query.where(operations.c.sandbox_id == sandbox_id)
+        if kind is not None:
+            query = query.where(operations.c.kind == kind)
+        if since is not None:
+            query = query.where(operations.c.started_at >= since)
+        with self.engine.connect() as conn:
+            rows = [dict(row._mapping) for row in conn.execute(query)]
+        return rows[::-1]
 
     def set_tenant_egress(self, tenant: str, allow_out: list[str]) -> None:
         """Set what ``tenant``'s sandboxes may be allowed, within the server's ceiling
@@ -681,8 +812,9 @@ class Store:
         oldest beyond ``audit_max_rows`` in each table (never a running cell). Returns
         the rows deleted per table."""
         now = time.time() if now is None else now
-        deleted = {"executions": 0, "network_events": 0}
+        deleted = {"executions": 0, "network_events": 0, "operations": 0}
         finished = executions.c.outcome != "running"
+        settled = operations.c.outcome != "running"
         with self.engine.begin() as conn:
             if self.audit_max_age is not None:
                 cutoff = now - self.audit_max_age
@@ -694,10 +826,18 @@ class Store:
                         executions.delete().where(executions.c.started_at < cutoff, finished)
                     )
                 )
+                deleted["operations"] += _rowcount(
+                    conn.execute(
+                        operations.delete().where(operations.c.started_at < cutoff, settled)
+                    )
+                )
             if self.audit_max_rows is not None:
                 deleted["network_events"] += _keep_newest(conn, network_events, self.audit_max_rows)
                 deleted["executions"] += _keep_newest(
                     conn, executions, self.audit_max_rows, finished
+                )
+                deleted["operations"] += _keep_newest(
+                    conn, operations, self.audit_max_rows, settled
                 )
         return deleted
 
@@ -733,6 +873,25 @@ def _execution_finished(columns: frozenset[str]) -> sa.Update:
     return (
         executions.update()
         .where(executions.c.execution_id == sa.bindparam("_execution_id"))
+        .values({name: sa.bindparam(name) for name in sorted(columns)})
+    )
+
+
+def _pid_column(pid: int | None) -> int | None:
+    """A pid as stored: one no process can have (the caller chose it: any integer) is
+    kept as None rather than overflow the column (32-bit on PostgreSQL) and refuse the
+    operation; the operation then fails as a pid that runs nothing does."""
+    if pid is None or not 0 < pid < 2**31:
+        return None
+    return pid
+
+
+@functools.lru_cache(maxsize=32)
+def _operation_finished(columns: frozenset[str]) -> sa.Update:
+    """The UPDATE that finishes an operation row (as :func:`_execution_finished`)."""
+    return (
+        operations.update()
+        .where(operations.c.operation_id == sa.bindparam("_operation_id"))
         .values({name: sa.bindparam(name) for name in sorted(columns)})
     )
 
