@@ -499,6 +499,14 @@ def test_internet_access_never_exceeds_the_tenants_own_list(
         server.stop()
 
 
+def _calls_in_progress(server: ServerProcess, key: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers={"X-API-Key": key}, timeout=60).text
+    for line in text.splitlines():
+        if line.startswith("sandlot_sandbox_calls_in_progress "):
+            return float(line.split()[1])
+    raise AssertionError("no sandlot_sandbox_calls_in_progress in /metrics")
+
+
 def test_a_vanished_command_client_lets_its_sandbox_go_idle(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -532,13 +540,24 @@ def test_a_vanished_command_client_lets_its_sandbox_go_idle(
             for chunk in response.iter_raw():
                 received += chunk
                 if b"c3RhcnRlZAo=" in received:  # "started\n": the command is running
-                    break
+                    assert _calls_in_progress(server, key) == 1  # this stream, counted
+                    break  # and gone (leaving the loop closes the response)
         (length,) = struct.unpack(">I", received[1:5])
         pid = json.loads(received[5 : 5 + length])["event"]["start"]["pid"]
-        # Gone. Its command still runs, so the sandbox is kept; kill the command (a new
-        # call) and, idle for 2 s, the sandbox is reaped. Had the vanished call kept its
-        # lease, it would stay until the sandbox's 600 s; 60 s is only the bound of a
-        # busy machine.
+        # Gone. Its command still runs, which keeps the sandbox from the idle reaper (the
+        # rule for background processes), but the vanished call must hold nothing: the
+        # server's count of calls in progress drops to zero while the command runs. Had
+        # the call kept its lease, it would stay until the command's hour; 60 s is only
+        # the bound of a busy machine.
+        deadline = time.monotonic() + 60
+        while _calls_in_progress(server, key) != 0:
+            assert time.monotonic() < deadline, "the call stayed leased after its client left"
+            time.sleep(0.25)
+        listed = httpx.post(
+            f"{server.url}/process.Process/List", json={}, headers=headers, timeout=60
+        )
+        assert pid in [p["pid"] for p in listed.json()["processes"]], listed.text
+        # Killed (a new call), nothing holds the sandbox: idle for 2 s, it is reaped.
         killed = httpx.post(
             f"{server.url}/process.Process/SendSignal",
             json={"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"},
@@ -553,7 +572,7 @@ def test_a_vanished_command_client_lets_its_sandbox_go_idle(
                 break
             time.sleep(0.25)
         else:
-            pytest.fail("the sandbox stayed leased after its client disconnected")
+            pytest.fail("the sandbox was not reaped once its command ended")
     finally:
         server.stop()
 

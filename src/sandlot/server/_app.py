@@ -182,6 +182,7 @@ def create_app(
         _prune(store)
     manager.on_change.append(metrics.sandboxes_live.set)
     metrics.watch_pool(lambda: None if manager.pool is None else manager.pool.stats())
+    metrics.watch_calls(manager.calls_in_progress)
 
     def count_end(reason: str) -> None:
         if reason in _ENDED:

@@ -413,6 +413,11 @@ class SandboxManager:
                 raise ApiError(404, "SandboxNotFound", f"sandbox {sandbox_id!r} not found")
             return self._lease_locked(entry)
 
+    def calls_in_progress(self) -> int:
+        """Leases held on live sandboxes right now (the ``/metrics`` gauge)."""
+        with self._lock:
+            return sum(entry.active for entry in self._sandboxes.values())
+
     def release(self, entry: ManagedSandbox) -> None:
         self.touch(entry, -1)
 

@@ -55,9 +55,27 @@ class Metrics:
         for outcome in ("ok", "error", "timeout", "oom", "killed"):
             self.executions.labels(outcome)
 
+    def watch_calls(self, in_progress: Callable[[], int]) -> None:
+        """Export the calls holding a sandbox (cells, commands, streams) right now, read
+        when scraped: what a client that vanished mid-call would leave held."""
+        self.registry.register(_CallsCollector(in_progress))
+
     def watch_pool(self, stats: Callable[[], PoolStats | None]) -> None:
         """Export the warm pool's counters, read when scraped."""
         self.registry.register(_PoolCollector(stats))
+
+
+class _CallsCollector(Collector):
+    def __init__(self, in_progress: Callable[[], int]) -> None:
+        self._in_progress = in_progress
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "sandlot_sandbox_calls_in_progress",
+            "Calls holding a sandbox now (cells, commands and their streams, file calls); "
+            "a sandbox with none is idle to the reaper unless it runs a background process.",
+            value=self._in_progress(),
+        )
 
 
 class _PoolCollector(Collector):
