@@ -12,6 +12,7 @@ without a VM.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
@@ -231,6 +232,12 @@ def test_mux_relays_a_stream_both_ways_with_half_close() -> None:
 def test_mux_closes_the_door_on_a_framing_violation(attack: bytes) -> None:
     upstream_here, upstream_there = socket.socketpair()
     upstream_here.setblocking(False)  # never read: the window is what bounds the host
+    # Filled before the attack: had the host room to pass data on upstream, it would
+    # acknowledge it, and more data past that would be within the window (no violation).
+    upstream_there.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            upstream_there.send(b"\0" * 65536)
     guest, thread = _host_mux(lambda: upstream_there)
     guest.sendall(attack)
     thread.join(10)
