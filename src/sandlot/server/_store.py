@@ -642,18 +642,16 @@ class Store:
         since: float | None = None,
         limit: int = 100,
     ) -> Iterator[dict[str, Any]]:
-        query = sa.select(executions).order_by(executions.c.id.desc()).limit(limit)
-        if tenant is not None:
-            query = query.where(executions.c.tenant == tenant)
-        if sandbox_id is not None:
-            query = query.where(executions.c.sandbox_id == sandbox_id)
-        if outcome is not None:
-            query = query.where(executions.c.outcome == outcome)
-        if since is not None:
-            query = query.where(executions.c.started_at >= since)
-        with self.engine.connect() as conn:
-            rows = [dict(row._mapping) for row in conn.execute(query)]
-        for row in reversed(rows):
+        rows = self._latest(
+            executions,
+            "started_at",
+            since,
+            limit,
+            tenant=tenant,
+            sandbox_id=sandbox_id,
+            outcome=outcome,
+        )
+        for row in rows:
             for name in ("precheck", "usage"):
                 if row[name] is not None:
                     row[name] = json.loads(row[name])
@@ -723,15 +721,27 @@ class Store:
         limit: int = 100,
     ) -> list[dict[str, Any]]:
         """The most recent ``limit`` operations, oldest first."""
-        query = sa.select(operations).order_by(operations.c.id.desc()).limit(limit)
-        if tenant is not None:
-            query = query.where(operations.c.tenant == tenant)
-        if sandbox_id is not None:
-            query = query.where(operations.c.sandbox_id == sandbox_id)
-        if kind is not None:
-            query = query.where(operations.c.kind == kind)
+        return self._latest(
+            operations, "started_at", since, limit, tenant=tenant, sandbox_id=sandbox_id, kind=kind
+        )
+
+    def _latest(
+        self,
+        table: sa.Table,
+        time_column: str,
+        since: float | None,
+        limit: int,
+        **equal: str | None,
+    ) -> list[dict[str, Any]]:
+        """The ``limit`` most recent rows of an audit table, oldest first: those whose
+        ``time_column`` is at or after ``since`` and whose columns equal the given values
+        (None: any)."""
+        query = sa.select(table).order_by(table.c.id.desc()).limit(limit)
+        for column, value in equal.items():
+            if value is not None:
+                query = query.where(table.c[column] == value)
         if since is not None:
-            query = query.where(operations.c.started_at >= since)
+            query = query.where(table.c[time_column] >= since)
         with self.engine.connect() as conn:
             rows = [dict(row._mapping) for row in conn.execute(query)]
         return rows[::-1]
@@ -851,18 +861,15 @@ class Store:
         limit: int = 100,
     ) -> list[dict[str, Any]]:
         """The most recent ``limit`` connection records, oldest first."""
-        query = sa.select(network_events).order_by(network_events.c.id.desc()).limit(limit)
-        if tenant is not None:
-            query = query.where(network_events.c.tenant == tenant)
-        if sandbox_id is not None:
-            query = query.where(network_events.c.sandbox_id == sandbox_id)
-        if verdict is not None:
-            query = query.where(network_events.c.verdict == verdict)
-        if since is not None:
-            query = query.where(network_events.c.time >= since)
-        with self.engine.connect() as conn:
-            rows = [dict(row._mapping) for row in conn.execute(query)]
-        return rows[::-1]
+        return self._latest(
+            network_events,
+            "time",
+            since,
+            limit,
+            tenant=tenant,
+            sandbox_id=sandbox_id,
+            verdict=verdict,
+        )
 
 
 @functools.lru_cache(maxsize=64)
