@@ -81,3 +81,15 @@ def test_audit_sync_is_checked(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidArgumentError, match="audit_sync"):
         Store(f"sqlite:///{tmp_path / 'audit.db'}", audit_sync="off")  # type: ignore[arg-type]
+
+
+def test_the_clis_operation_kinds_are_the_stores() -> None:
+    # The CLI spells them out (it loads the server lazily); the store is what checks them.
+    import click
+
+    from sandlot.cli._server import audit
+    from sandlot.server._store import OPERATION_KINDS
+
+    kind = next(p for p in audit.params if p.name == "kind")
+    assert isinstance(kind.type, click.Choice)
+    assert sorted(kind.type.choices) == sorted(OPERATION_KINDS)
