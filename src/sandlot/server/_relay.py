@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from typing import Final
+from typing import Final, cast
 
 MAX_HEAD: Final = 64 * 1024
 """Bytes an answer's status line and headers may take."""
@@ -144,8 +144,9 @@ class NodeConnection(asyncio.Protocol):
 
     # --- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport; not an isinstance check: uvloop's transports do not derive
+        # from asyncio.Transport.
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
