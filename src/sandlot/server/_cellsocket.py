@@ -31,8 +31,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import pydantic
 from starlette.requests import HTTPConnection
@@ -218,7 +218,7 @@ async def _stream(
     client left, or sent something mid-cell: ``listening``, the connection's next
     message, came first; the cell is interrupted either way)."""
     cell = runner.cell
-    start, chunks, _ = _ndjson(
+    flow = _ndjson(
         runner,
         state.executor,
         lambda: state.manager.interrupt_cell(cell, "client disconnected"),
@@ -226,8 +226,8 @@ async def _stream(
         queue_bytes=QUEUE_BYTES,
         stall_seconds=state.settings.client_stall_timeout,
     )
-    start()
-    stream = cast(AsyncGenerator[bytes, None], chunks)
+    flow.start()
+    stream = flow.chunks
 
     last = b""
 

@@ -341,7 +341,7 @@ class E2bWire:
                     send_json=_send_json,
                     default_timeout=target.state.settings.e2b_cell_timeout,
                     adapt_result=e2b_result,
-                    wrap=lambda chunks: _cut_if_killed(target.state, target.entry, chunks),
+                    before_end=lambda: _raise_if_killed(target.state, target.entry),
                 )
             else:
                 await app(scope, receive, send)
@@ -489,6 +489,11 @@ async def _cut_if_killed(
     complete body would read as a cell that merely failed."""
     async for chunk in chunks:
         yield chunk
+    _raise_if_killed(state, entry)
+
+
+def _raise_if_killed(state: ServerState, entry: ManagedSandbox) -> None:
+    """:class:`SandboxKilledError` if ``entry`` ended (see :func:`_cut_if_killed`)."""
     if not state.manager.registered(entry):
         raise SandboxKilledError(f"sandbox {entry.sandbox_id} ended during the cell")
 

@@ -124,12 +124,13 @@ async def short_execute(
     send_json: SendJson,
     default_timeout: float = DEFAULT_CELL_TIMEOUT,
     adapt_result: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    wrap: Callable[[Any], Any] | None = None,
+    before_end: Callable[[], None] | None = None,
 ) -> None:
     """Stream one cell on ``entry`` (leased by the caller), or hand the call to ``app``.
 
-    ``error``: an over-limit body's answer in the caller's shape; ``wrap``: applied to
-    the response's chunks (E2B cuts a killed sandbox's stream)."""
+    ``error``: an over-limit body's answer in the caller's shape; ``before_end``: runs
+    before the response's last chunk, and what it raises cuts the response (E2B cuts a
+    killed sandbox's stream)."""
     try:
         body = await read_body(receive)
     except ApiError as exc:
@@ -143,11 +144,9 @@ async def short_execute(
     except Exception:  # answered by the app, whose checks raise it again
         await app(scope, replay(body, receive), send)
         return
-    if wrap is not None:
-        response.body_iterator = wrap(response.body_iterator)
 
     async def respond(scope: Scope, receive: Receive, send: Send) -> None:
-        await response.send_to(send)
+        await response.send_to(send, before_end=before_end)
 
     await until_disconnect(respond, scope, receive, send, body_read=True)
 
