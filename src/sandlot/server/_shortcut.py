@@ -151,6 +151,26 @@ async def short_execute(
     await until_disconnect(respond, scope, receive, send, body_read=True)
 
 
+async def prefetched(
+    receive: Receive,
+    send: Send,
+    send_json: SendJson,
+    error: Callable[[ApiError], tuple[int, dict[str, Any]]],
+) -> Receive | None:
+    """Read the request's body now; ``receive`` replaying it, or None once answered
+    (a body over the limit: ``error``'s answer) or the client left."""
+    try:
+        body = await read_body(receive)
+    except ApiError as exc:
+        await send_json(send, *error(exc))
+        return None
+    return None if body is None else replay(body, receive)
+
+
+def _native_error(exc: ApiError) -> tuple[int, dict[str, Any]]:
+    return exc.status, {"type": exc.type, "message": exc.message}
+
+
 _NATIVE = re.compile(r"/v1/sandboxes/([^/]+)/execute")
 
 
@@ -192,12 +212,20 @@ class ExecuteShortcut:
         state = self.state
         key = api_key_of(Request(scope))
         principal = await principal_for(state, key) if key else None
+        if principal is None:
+            await self.app(scope, receive, send)  # the app's 401, counted as ever
+            return
+        # The body before the lease: a lease keeps the idle reaper off the sandbox, and
+        # a client that sent its headers and then nothing must not hold it meanwhile.
+        replayed = await prefetched(receive, send, self.send_json, _native_error)
+        if replayed is None:
+            return
+        receive = replayed
         entry: ManagedSandbox | None = None
-        if principal is not None:
-            with contextlib.suppress(Exception):  # the app's answer, below
-                entry = state.manager.lease(principal, named.group(1))
-        if principal is None or entry is None:
-            await self.app(scope, receive, send)  # the app's 401 or 404, counted as ever
+        with contextlib.suppress(Exception):  # the app's answer, below
+            entry = state.manager.lease(principal, named.group(1))
+        if entry is None:
+            await self.app(scope, receive, send)  # the app's 404, counted as ever
             return
         try:
             await short_execute(
@@ -208,7 +236,7 @@ class ExecuteShortcut:
                 scope,
                 receive,
                 send,
-                error=lambda exc: (exc.status, {"type": exc.type, "message": exc.message}),
+                error=_native_error,
                 send_json=self.send_json,
             )
         finally:
