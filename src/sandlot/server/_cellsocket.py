@@ -138,7 +138,10 @@ async def serve_cells(
 
 
 async def _principal(state: ServerState, key: str | None) -> Principal:
-    principal = await principal_for(state, key) if key else None
+    try:
+        principal = await principal_for(state, key) if key else None
+    except ApiError as exc:  # the key store is down
+        raise Refused(exc.status, exc.type, exc.message, final=True) from None
     if principal is None:
         raise Refused(401, "AuthenticationError", key_refused(state, key), final=True)
     return principal

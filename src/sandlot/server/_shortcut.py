@@ -211,7 +211,11 @@ class ExecuteShortcut:
             return
         state = self.state
         key = api_key_of(Request(scope))
-        principal = await principal_for(state, key) if key else None
+        try:
+            principal = await principal_for(state, key) if key else None
+        except ApiError as exc:  # the key store is down
+            await self.send_json(send, *_native_error(exc))
+            return
         if principal is None:
             await self.app(scope, receive, send)  # the app's 401, counted as ever
             return
