@@ -4,6 +4,7 @@ driven as the ASGI server drives a response."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -182,3 +183,94 @@ def test_messages_pushed_while_the_loop_is_busy_wake_it_once() -> None:
     assert [m.get("text") for m in lines] == ["0", "1", "2", "3", "4", None]
     # One for the messages, one for the worker's future completing.
     assert wakeups <= 2, wakeups
+
+
+def test_send_to_ends_the_body_with_its_last_chunk() -> None:
+    """The short cell path's ``send_to``: the chunk that carries the stream's end also
+    ends the HTTP body (one write, not the chunk and then an empty end)."""
+
+    def work(push: Push) -> None:
+        push({"type": "stdout", "text": "a"})
+        push({"type": "end_of_execution"}, last=True)
+
+    async def main() -> list[Message]:
+        sent: list[Message] = []
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        with ThreadPoolExecutor(1) as pool:
+            await EagerNdjson(work, pool, lambda: None).send_to(send)
+        return sent
+
+    sent = asyncio.run(main())
+    assert sent[0]["type"] == "http.response.start"
+    bodies = sent[1:]
+    assert all(m["more_body"] for m in bodies[:-1])
+    assert bodies[-1]["more_body"] is False
+    assert bodies[-1]["body"].endswith(b'{"type": "end_of_execution"}\n')
+    assert b"".join(m["body"] for m in bodies).count(b"\n") == 2
+
+
+def test_send_to_cuts_the_body_where_before_end_raises() -> None:
+    """E2B ends a killed sandbox's stream by dropping the connection: ``before_end``
+    raising keeps the last chunk (and the body's end) from going out."""
+
+    def work(push: Push) -> None:
+        push({"type": "end_of_execution"}, last=True)
+
+    def killed() -> None:
+        raise LookupError("killed")
+
+    async def main() -> list[Message]:
+        sent: list[Message] = []
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        with ThreadPoolExecutor(1) as pool, pytest.raises(LookupError):
+            await EagerNdjson(work, pool, lambda: None).send_to(send, before_end=killed)
+        return sent
+
+    assert [m["type"] for m in asyncio.run(main())] == ["http.response.start"]
+
+
+def test_a_cell_queued_behind_busy_workers_never_runs_once_its_client_has_left() -> None:
+    """Every worker thread busy, a cell waits in the executor's queue; its client leaves
+    meanwhile. The cell must not run then (for nobody: a client could queue cells and
+    leave, and the server would run them all), nor its abandonment interrupt the
+    sandbox (what runs there then is another cell); its ``skip`` runs instead."""
+    busy = threading.Event()
+    ran = threading.Event()
+    skipped = threading.Event()
+    abandoned = threading.Event()
+
+    class Cell:
+        def __call__(self, push: Push) -> None:
+            ran.set()
+            push(None)
+
+        def skip(self) -> None:
+            skipped.set()
+
+    async def main() -> None:
+        headers = asyncio.Event()
+
+        async def send(message: Message) -> None:
+            headers.set()
+
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(busy.wait, 30)  # the only worker is taken
+            response = EagerNdjson(Cell(), pool, abandoned.set)
+            sending = asyncio.ensure_future(response.send_to(send))
+            await headers.wait()  # the response waits for the cell's first message
+            sending.cancel()  # the client left
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+            busy.set()
+        # The pool is shut down: the queued job has been taken and has returned.
+
+    asyncio.run(main())
+    assert not ran.is_set()
+    assert skipped.is_set()
+    assert not abandoned.is_set()

@@ -21,9 +21,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor, Future
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -119,6 +119,12 @@ class CellRunner:
         self.code = code
         self.envs = envs
         self.timeout = timeout
+
+    def skip(self) -> None:
+        """Its client left while the cell waited for a worker thread: it never runs
+        (and has no audit row: nothing ran)."""
+        log.debug("cell %s skipped: its client left before it started", self.cell.execution_id)
+        self.manager.end_cell(self.cell)
 
     def __call__(self, push: Push) -> None:
         cell, entry = self.cell, self.cell.entry
@@ -259,7 +265,12 @@ class CellRunner:
         # not wait for the bookkeeping.
         self.metrics.executions.labels(outcome).inc()
         self.metrics.execution_seconds.observe(execution.duration)
-        log.info(
+        # A cell that ran its course (ok or its own error) at DEBUG, as its start: the
+        # audit row records it, and this thread would otherwise hold the interpreter
+        # for the line while the event loop sends the cell's end. The others (a
+        # timeout, memory, an interruption) stay at INFO.
+        log.log(
+            logging.DEBUG if outcome in ("ok", "error") else logging.INFO,
             "cell %s ended: %s in %.3f s%s",
             cell.execution_id,
             outcome,
@@ -298,15 +309,14 @@ def ndjson(
     queue is full gets a last ``error`` message (``ClientTooSlow``), everything after
     it is dropped, and ``on_stall`` (default ``on_abandon``) runs to cut the work short.
     """
-    _, chunks, _ = _ndjson(
+    return _ndjson(
         work,
         executor,
         on_abandon,
         on_stall,
         queue_bytes=queue_bytes,
         stall_seconds=stall_seconds,
-    )
-    return chunks
+    ).chunks
 
 
 class EagerNdjson(StreamingResponse):
@@ -328,7 +338,7 @@ class EagerNdjson(StreamingResponse):
         stall_seconds: float = STALL_SECONDS,
         media_type: str = "application/x-ndjson",
     ) -> None:
-        start, chunks, self._unread = _ndjson(
+        self._flow = _ndjson(
             work,
             executor,
             on_abandon,
@@ -336,22 +346,59 @@ class EagerNdjson(StreamingResponse):
             queue_bytes=QUEUE_BYTES,
             stall_seconds=stall_seconds,
         )
-        super().__init__(chunks, media_type=media_type)
-        start()
+        super().__init__(self._flow.chunks, media_type=media_type)
+        self._flow.start()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._unread()
+            self._flow.unread()
 
-    async def send_to(self, send: Send) -> None:
+    async def send_to(self, send: Send, *, before_end: Callable[[], None] | None = None) -> None:
         """Send the response, listening for nothing: for a caller that watches for the
-        client's disconnect itself and cancels this when it comes."""
+        client's disconnect itself and cancels this when it comes.
+
+        Unlike Starlette's way, the last chunk carries the body's end: one write, and
+        one wake-up of the client, fewer. ``before_end`` runs before the last chunk
+        goes; what it raises cuts the response there (its body stays unfinished)."""
+        flow = self._flow
+        chunks = flow.chunks
         try:
-            await self.stream_response(send)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            last = False
+            async for chunk in chunks:
+                last = flow.last
+                if last and before_end is not None:
+                    before_end()
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if not last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            self._unread()
+            flow.unread()
+            await chunks.aclose()
+
+
+class _Flow(NamedTuple):
+    """What :func:`_ndjson` makes."""
+
+    start: Callable[[], None]
+    """Start the work (once; reading ``chunks`` starts it too)."""
+    chunks: AsyncGenerator[bytes, None]
+    unread: Callable[[], None]
+    """Abandon the work if ``chunks`` was never read."""
+    final: list[bool]
+    """``[True]`` once the chunk ``chunks`` last yielded is the stream's last."""
+
+    @property
+    def last(self) -> bool:
+        return self.final[0]
 
 
 def _ndjson(
@@ -362,14 +409,18 @@ def _ndjson(
     *,
     queue_bytes: int,
     stall_seconds: float,
-) -> tuple[Callable[[], None], AsyncIterator[bytes], Callable[[], None]]:
-    """The machinery of :func:`ndjson`: (start the work, the stream, abandon the work if
-    the stream was never read)."""
+) -> _Flow:
+    """The machinery of :func:`ndjson`."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    final = [False]  # the chunk yielded last ends the stream
     room = threading.Condition()
     waiting = 0  # bytes queued for the client, guarded by room
     gone = False  # the client left: drop everything
+    # Work that can be skipped (a cell: ``work.skip``) is, if its client left while it
+    # waited for a worker thread; it is then never told it was abandoned either.
+    skip: Callable[[], None] | None = getattr(work, "skip", None)
+    running = False  # the work began (guarded by room)
     cut = False  # the client was too slow: drop everything after the notice
 
     # Messages on their way to the loop. One wake-up of the loop carries all that
@@ -459,11 +510,24 @@ def _ndjson(
             waiting -= size
             room.notify_all()
 
-    def leave() -> None:
+    def leave() -> bool:
+        """The client left: whether the work is to be told (it began, or it cannot be
+        skipped; else it will be skipped when a worker thread takes it)."""
         nonlocal gone
         with room:
             gone = True
             room.notify_all()
+            return running or skip is None
+
+    def job() -> None:
+        nonlocal running
+        with room:
+            running = not (gone and skip is not None)
+        if not running:
+            assert skip is not None
+            skip()
+            return
+        work(push)
 
     started = read = False
 
@@ -473,28 +537,26 @@ def _ndjson(
             started = True
             # Not loop.run_in_executor: its future would wake the event loop once more
             # when the work returns, after the stream has already ended (push(None)).
-            executor.submit(work, push).add_done_callback(_log_failure)
+            executor.submit(job).add_done_callback(_log_failure)
 
     def unread() -> None:
-        if started and not read:
-            leave()
+        if started and not read and leave():
             threading.Thread(target=on_abandon, name="sandlot-abandon", daemon=True).start()
 
-    async def chunks() -> AsyncIterator[bytes]:
+    async def chunks() -> AsyncGenerator[bytes, None]:
         nonlocal read
         read = True
         start()
         finished = False
         try:
-            async for chunk in _batches(queue, taken):
+            async for chunk in _batches(queue, taken, final):
                 yield chunk
             finished = True
         finally:
-            leave()
-            if not finished:
+            if leave() and not finished:
                 threading.Thread(target=on_abandon, name="sandlot-abandon", daemon=True).start()
 
-    return start, chunks(), unread
+    return _Flow(start, chunks(), unread, final)
 
 
 def _log_failure(future: Future[None]) -> None:
@@ -504,11 +566,12 @@ def _log_failure(future: Future[None]) -> None:
 
 
 async def _batches(
-    queue: asyncio.Queue[bytes | None], taken: Callable[[int], None]
+    queue: asyncio.Queue[bytes | None], taken: Callable[[int], None], final: list[bool]
 ) -> AsyncIterator[bytes]:
     """The queue's messages until its None; what else is already waiting goes out with
     each one, as one chunk: one write (and one read by the client) instead of one per
-    message."""
+    message. ``final[0]`` is True while the chunk yielded is the last (its batch
+    reached the None)."""
     while True:
         item = await queue.get()
         batch: list[bytes] = []
@@ -524,6 +587,7 @@ async def _batches(
             # Counted as taken once handed on: the server's own buffers downstream are
             # bounded by the transport's flow control.
             taken(len(chunk))
+            final[0] = item is None
             yield chunk
         if item is None:
             return

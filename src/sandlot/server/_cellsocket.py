@@ -31,8 +31,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import pydantic
 from starlette.requests import HTTPConnection
@@ -138,7 +138,10 @@ async def serve_cells(
 
 
 async def _principal(state: ServerState, key: str | None) -> Principal:
-    principal = await principal_for(state, key) if key else None
+    try:
+        principal = await principal_for(state, key) if key else None
+    except ApiError as exc:  # the key store is down
+        raise Refused(exc.status, exc.type, exc.message, final=True) from None
     if principal is None:
         raise Refused(401, "AuthenticationError", key_refused(state, key), final=True)
     return principal
@@ -218,7 +221,7 @@ async def _stream(
     client left, or sent something mid-cell: ``listening``, the connection's next
     message, came first; the cell is interrupted either way)."""
     cell = runner.cell
-    start, chunks, _ = _ndjson(
+    flow = _ndjson(
         runner,
         state.executor,
         lambda: state.manager.interrupt_cell(cell, "client disconnected"),
@@ -226,8 +229,8 @@ async def _stream(
         queue_bytes=QUEUE_BYTES,
         stall_seconds=state.settings.client_stall_timeout,
     )
-    start()
-    stream = cast(AsyncGenerator[bytes, None], chunks)
+    flow.start()
+    stream = flow.chunks
 
     last = b""
 

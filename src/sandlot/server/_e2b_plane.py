@@ -69,7 +69,7 @@ from sandlot.server._routes import (
     upload,
     upload_metadata,
 )
-from sandlot.server._shortcut import posts_json, short_execute, until_disconnect
+from sandlot.server._shortcut import posts_json, prefetched, short_execute, until_disconnect
 from sandlot.server._state import ServerState, api_key_of, principal_for
 from sandlot.server._store import Principal
 
@@ -298,6 +298,13 @@ class E2bWire:
         if not debug and not named and not signed:
             await self.app(scope, receive, send)
             return
+        if not debug and path == "/execute" and posts_json(scope):
+            # A cell's body before its sandbox is leased (resolved below): a client that
+            # sent its headers and then nothing must not keep the idle reaper off it.
+            prefetch = await prefetched(receive, send, _send_json, _e2b_error)
+            if prefetch is None:
+                return
+            receive = prefetch
         headers = _headers(scope)
         entry: ManagedSandbox | None = None
         target: Target | ApiError
@@ -337,11 +344,11 @@ class E2bWire:
                     scope,
                     receive,
                     send,
-                    error=lambda exc: (exc.status, {"code": exc.status, "message": exc.message}),
+                    error=_e2b_error,
                     send_json=_send_json,
                     default_timeout=target.state.settings.e2b_cell_timeout,
                     adapt_result=e2b_result,
-                    wrap=lambda chunks: _cut_if_killed(target.state, target.entry, chunks),
+                    before_end=lambda: _raise_if_killed(target.state, target.entry),
                 )
             else:
                 await app(scope, receive, send)
@@ -353,6 +360,10 @@ class E2bWire:
             _TARGET.reset(token)
             if entry is not None:
                 self.state.manager.release(entry)
+
+
+def _e2b_error(exc: ApiError) -> tuple[int, dict[str, Any]]:
+    return exc.status, {"code": exc.status, "message": exc.message}
 
 
 def _connect_suffix(path: str) -> str:
@@ -489,6 +500,11 @@ async def _cut_if_killed(
     complete body would read as a cell that merely failed."""
     async for chunk in chunks:
         yield chunk
+    _raise_if_killed(state, entry)
+
+
+def _raise_if_killed(state: ServerState, entry: ManagedSandbox) -> None:
+    """:class:`SandboxKilledError` if ``entry`` ended (see :func:`_cut_if_killed`)."""
     if not state.manager.registered(entry):
         raise SandboxKilledError(f"sandbox {entry.sandbox_id} ended during the cell")
 

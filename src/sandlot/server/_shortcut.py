@@ -124,12 +124,13 @@ async def short_execute(
     send_json: SendJson,
     default_timeout: float = DEFAULT_CELL_TIMEOUT,
     adapt_result: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    wrap: Callable[[Any], Any] | None = None,
+    before_end: Callable[[], None] | None = None,
 ) -> None:
     """Stream one cell on ``entry`` (leased by the caller), or hand the call to ``app``.
 
-    ``error``: an over-limit body's answer in the caller's shape; ``wrap``: applied to
-    the response's chunks (E2B cuts a killed sandbox's stream)."""
+    ``error``: an over-limit body's answer in the caller's shape; ``before_end``: runs
+    before the response's last chunk, and what it raises cuts the response (E2B cuts a
+    killed sandbox's stream)."""
     try:
         body = await read_body(receive)
     except ApiError as exc:
@@ -143,13 +144,31 @@ async def short_execute(
     except Exception:  # answered by the app, whose checks raise it again
         await app(scope, replay(body, receive), send)
         return
-    if wrap is not None:
-        response.body_iterator = wrap(response.body_iterator)
 
     async def respond(scope: Scope, receive: Receive, send: Send) -> None:
-        await response.send_to(send)
+        await response.send_to(send, before_end=before_end)
 
     await until_disconnect(respond, scope, receive, send, body_read=True)
+
+
+async def prefetched(
+    receive: Receive,
+    send: Send,
+    send_json: SendJson,
+    error: Callable[[ApiError], tuple[int, dict[str, Any]]],
+) -> Receive | None:
+    """Read the request's body now; ``receive`` replaying it, or None once answered
+    (a body over the limit: ``error``'s answer) or the client left."""
+    try:
+        body = await read_body(receive)
+    except ApiError as exc:
+        await send_json(send, *error(exc))
+        return None
+    return None if body is None else replay(body, receive)
+
+
+def _native_error(exc: ApiError) -> tuple[int, dict[str, Any]]:
+    return exc.status, {"type": exc.type, "message": exc.message}
 
 
 _NATIVE = re.compile(r"/v1/sandboxes/([^/]+)/execute")
@@ -192,13 +211,25 @@ class ExecuteShortcut:
             return
         state = self.state
         key = api_key_of(Request(scope))
-        principal = await principal_for(state, key) if key else None
+        try:
+            principal = await principal_for(state, key) if key else None
+        except ApiError as exc:  # the key store is down
+            await self.send_json(send, *_native_error(exc))
+            return
+        if principal is None:
+            await self.app(scope, receive, send)  # the app's 401, counted as ever
+            return
+        # The body before the lease: a lease keeps the idle reaper off the sandbox, and
+        # a client that sent its headers and then nothing must not hold it meanwhile.
+        replayed = await prefetched(receive, send, self.send_json, _native_error)
+        if replayed is None:
+            return
+        receive = replayed
         entry: ManagedSandbox | None = None
-        if principal is not None:
-            with contextlib.suppress(Exception):  # the app's answer, below
-                entry = state.manager.lease(principal, named.group(1))
-        if principal is None or entry is None:
-            await self.app(scope, receive, send)  # the app's 401 or 404, counted as ever
+        with contextlib.suppress(Exception):  # the app's answer, below
+            entry = state.manager.lease(principal, named.group(1))
+        if entry is None:
+            await self.app(scope, receive, send)  # the app's 404, counted as ever
             return
         try:
             await short_execute(
@@ -209,7 +240,7 @@ class ExecuteShortcut:
                 scope,
                 receive,
                 send,
-                error=lambda exc: (exc.status, {"type": exc.type, "message": exc.message}),
+                error=_native_error,
                 send_json=self.send_json,
             )
         finally:

@@ -13,6 +13,8 @@ import asyncio
 import base64
 import binascii
 import functools
+import logging
+import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,12 +22,16 @@ from typing import Annotated, ParamSpec, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import exc as sa_exc
 from starlette.requests import HTTPConnection
 
+from sandlot.safetext import escape
 from sandlot.server._manager import ApiError, SandboxManager
 from sandlot.server._metrics import Metrics
 from sandlot.server._settings import ServerSettings
 from sandlot.server._store import Principal, Store
+
+log = logging.getLogger("sandlot.server")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -56,10 +62,22 @@ class ServerState:
 async def principal_for(state: ServerState, key: str) -> Principal | None:
     """Check an API key against the key store (on every request: a revoked key is
     refused from the next request on). On SQLite the lookup runs in place (tens of
-    microseconds, less than a hop to a worker thread); elsewhere in a worker thread."""
-    if state.store.embedded:
-        return state.store.authenticate(key)
-    return await state.blocking(state.store.authenticate, key)
+    microseconds, less than a hop to a worker thread); elsewhere in a worker thread.
+
+    A store that cannot be reached (PostgreSQL down, SQLite locked past its busy
+    timeout) is :class:`ApiError` 503 ``StoreUnavailable``: every route answers it
+    typed, and the client may retry."""
+    try:
+        if state.store.embedded:
+            return state.store.authenticate(key)
+        return await state.blocking(state.store.authenticate, key)
+    except (sa_exc.OperationalError, sa_exc.InterfaceError, sqlite3.OperationalError) as exc:
+        log.warning("the key store is unavailable: %s", escape(exc, 512))
+        raise ApiError(
+            503,
+            "StoreUnavailable",
+            "the server's key store is unavailable; try again shortly",
+        ) from None
 
 
 def state_of(request: Request) -> ServerState:
