@@ -10,8 +10,11 @@ The host's side of a spawn:
 2. meanwhile, create the sandbox's cgroup, exactly as for a cold sandbox (same limits);
 3. read that process's SCM_CREDENTIALS from the socket: the kernel translates its pid
    into ours, so we know which process it is without trusting anything it says;
-4. move it into the cgroup, then send the runner's ``configure`` message as for a cold
-   sandbox; the runner answers ``ready`` once its kernel (a fork of itself) runs.
+4. move it into the cgroup (cgroup v2), or send it the cgroup's ``tasks`` files with
+   the configuration so that it moves itself in as a thread, which skips the kernel's
+   global lock and its RCU grace period (v1); then the runner's ``configure`` message
+   as for a cold sandbox. The runner answers ``ready`` once its kernel (a fork of
+   itself) runs, and on v1 the host checks the move before it hands the sandbox out.
 
 From there the handle is an ordinary :class:`BwrapHandle`: the same channel, cgroup
 usage, OOM reports and teardown (the cgroup is emptied and removed).
