@@ -315,12 +315,17 @@ class SandboxCgroup:
                         f"cannot set {name}={value} in {path} ({exc.strerror}), so the limit "
                         f"would not hold. Fix: {CGROUP_FIX}"
                     ) from exc
-            self._attach.append(os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+            # v1: the writer moves as a thread (``tasks``), which a single-threaded child
+            # is whole; that skips the global lock a process move waits for (an RCU
+            # grace period, see open_thread_attach). v2 moves processes only.
+            attach = "tasks" if self.host.version == 1 else "cgroup.procs"
+            self._attach.append(os.open(path / attach, os.O_WRONLY | os.O_CLOEXEC))
 
     @property
     def attach_fds(self) -> tuple[int, ...]:
-        """Open ``cgroup.procs`` files. A child writes ``b"0"`` to each (before exec)
-        to move itself in; the fds are close-on-exec and closed by :meth:`close_fds`."""
+        """Open ``cgroup.procs`` (v2) or ``tasks`` (v1) files. A single-threaded child
+        writes ``b"0"`` to each (before exec) to move itself in; the fds are
+        close-on-exec and closed by :meth:`close_fds`."""
         return tuple(self._attach)
 
     def open_thread_attach(self) -> list[int] | None:
