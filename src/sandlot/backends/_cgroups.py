@@ -330,7 +330,7 @@ class SandboxCgroup:
 
     def open_thread_attach(self) -> list[int] | None:
         """cgroup v1: each hierarchy's ``tasks`` file, opened for writing (the caller
-        closes them); None on v2.
+        closes them; the ones :attr:`attach_fds` held are handed over); None on v2.
 
         A single-threaded process that writes ``b"0"`` to each moves itself in as a
         thread. The kernel takes its global threadgroup lock, and with it an RCU grace
@@ -339,7 +339,10 @@ class SandboxCgroup:
         thread cannot leave its process's domain there."""
         if self.host.version != 1:
             return None
-        fds: list[int] = []
+        if len(self._attach) == len(self.paths):  # opened by _make: tasks files on v1
+            fds, self._attach = self._attach, []
+            return fds
+        fds = []
         try:
             for path in self.paths.values():
                 fds.append(os.open(path / "tasks", os.O_WRONLY | os.O_CLOEXEC))
