@@ -451,9 +451,14 @@ def test_a_zygote_killed_from_outside_is_replaced_by_the_next_sandbox() -> None:
 def test_each_start_primes_the_cgroup_move_and_the_primer_keeps_no_zygote(
     make: Callable[..., Sandbox], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A start asks the primer thread for one no-op move of the zygote (overlapping the
-    # fork); the thread then lets go of the zygote, so a stopped one can be collected.
+    # On cgroup v2 a start asks the primer thread for one no-op move of the zygote
+    # (overlapping the fork); the thread then lets go of the zygote, so a stopped one can
+    # be collected. On v1 the sandbox moves itself as a thread (no global lock to prime).
+    from sandlot.backends import _cgroups
     from sandlot.backends.bwrap import _zygote
+
+    if _cgroups.host().version == 1:
+        pytest.skip("cgroup v1: forked sandboxes move themselves, nothing is primed")
 
     primes: list[_zygote.Zygote] = []
     real = _zygote.Zygote._prime_cgroup_move
@@ -507,4 +512,103 @@ def test_a_cgroup_that_cannot_be_made_fails_the_start_and_leaves_no_fork(
     finally:
         for sbx in started:
             sbx.kill()
+        _zygote.zygote_for("python-data", preload).close()
+
+
+def _cgroup_v1_only() -> None:
+    from sandlot.backends import _cgroups
+
+    if _cgroups.host().version != 1:
+        pytest.skip("cgroup v2: the host moves each forked sandbox itself")
+
+
+def test_every_thread_of_a_forked_sandbox_is_in_its_cgroup_in_every_hierarchy(
+    make: Callable[..., Sandbox],
+) -> None:
+    # On cgroup v1 a forked sandbox's pid 1 moves itself in, as a thread (the host hands
+    # it the cgroup's tasks files): every thread of every process must have followed,
+    # in every hierarchy, or the sandbox would be outside some of its limits.
+    _cgroup_v1_only()
+    sbx = make()
+    assert _forked(sbx)
+    assert sbx.run_code("import threading; threading.Thread(target=lambda: 0).start(); 1").text
+    group = sbx._core._handle._cgroup  # type: ignore[union-attr]
+    pid1 = sbx._core._handle._process.pid  # type: ignore[union-attr]
+    tids = set(os.listdir(f"/proc/{pid1}/task"))
+    for child in Path(f"/proc/{pid1}/task/{pid1}/children").read_text().split():
+        tids |= set(os.listdir(f"/proc/{child}/task"))
+    assert len(tids) >= 3  # the supervisor's threads and its kernel at least
+    for path in group.paths.values():
+        assert tids <= set((path / "tasks").read_text().split()), path
+
+
+def _start_refused(backend: Any, zygote: Any) -> str:
+    """Start a sandbox that must be refused; its forked process must be gone after."""
+    import sandlot
+
+    before = list(zygote._forks)
+    with pytest.raises(sandlot.SandboxStartError) as refused:
+        Sandbox(backend=backend, timeout=TIMEOUT)
+    assert zygote._pending == 0
+    refused_forks = [fork for fork in zygote._forks if fork not in before]
+    assert refused_forks  # it was forked, then refused
+    deadline = time.monotonic() + 30
+    while any(fork.running() for fork in refused_forks):
+        assert time.monotonic() < deadline, "the refused sandbox still runs"
+        time.sleep(0.01)
+    return str(refused.value)
+
+
+def test_a_forked_sandbox_in_another_cgroup_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host checks the move it did not make: a sandbox's pid 1 that put itself into
+    # some other cgroup (here: given another cgroup's tasks files) is killed, not used.
+    _cgroup_v1_only()
+    from sandlot.backends import _cgroups
+    from sandlot.backends.bwrap import _zygote
+
+    preload = ("json", "textwrap")  # a zygote of this test's own
+    backend = _zygote.ZygoteBackend(preload=preload)
+    decoy = _cgroups.SandboxCgroup.create(Resources())
+    try:
+        assert Sandbox(backend=backend, timeout=TIMEOUT).run_code("1").text == "1"
+        zygote = _zygote.zygote_for("python-data", preload)
+        decoys = _cgroups.SandboxCgroup.open_thread_attach
+        monkeypatch.setattr(
+            _cgroups.SandboxCgroup, "open_thread_attach", lambda self: decoys(decoy)
+        )
+        assert "not in its own cgroup" in _start_refused(backend, zygote)
+    finally:
+        _zygote.zygote_for("python-data", preload).close()
+        assert decoy.destroy()
+
+
+def test_a_forked_sandbox_that_cannot_move_into_its_cgroup_does_not_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sandbox's side fails closed: tasks files it cannot write (opened read-only
+    # here) end it before it reads its configuration, so the start fails.
+    _cgroup_v1_only()
+    from sandlot.backends import _cgroups
+    from sandlot.backends.bwrap import _zygote
+
+    preload = ("json", "textwrap")  # a zygote of this test's own
+    backend = _zygote.ZygoteBackend(preload=preload)
+
+    def read_only(self: _cgroups.SandboxCgroup) -> list[int]:
+        return [os.open(path / "tasks", os.O_RDONLY | os.O_CLOEXEC) for path in self.paths.values()]
+
+    try:
+        assert Sandbox(backend=backend, timeout=TIMEOUT).run_code("1").text == "1"
+        zygote = _zygote.zygote_for("python-data", preload)
+        monkeypatch.setattr(_cgroups.SandboxCgroup, "open_thread_attach", read_only)
+        _start_refused(backend, zygote)
+        deadline = time.monotonic() + 30  # its last words reach us through a pipe
+        while "move into the sandbox's cgroup" not in zygote._stderr():
+            assert time.monotonic() < deadline, zygote._stderr()
+            time.sleep(0.01)
+        monkeypatch.undo()
+        again = Sandbox(backend=backend, timeout=TIMEOUT)
+        assert _forked(again) and again.run_code("2 * 3").text == "6"
+        again.kill()
+    finally:
         _zygote.zygote_for("python-data", preload).close()

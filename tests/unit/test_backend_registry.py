@@ -7,6 +7,7 @@ interpreter, since this test process has long since imported everything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -110,6 +111,23 @@ def test_auto_never_picks_a_backend_that_is_by_name_only() -> None:
     assert load_backend("microvm").by_name_only
     assert auto_choice(_probes(microvm=99, bwrap=10, zygote=9)) == "zygote"
     assert auto_choice(_probes(microvm=99)) is None
+
+
+def test_auto_does_not_probe_a_backend_it_never_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every default Sandbox() resolves "auto": a by-name-only backend's probe (the
+    # microVM's reads its artifacts) would be work for nothing on each of them.
+    probed: list[str] = []
+    microvm = load_backend("microvm")
+
+    def probe(cls: type) -> Probe:
+        probed.append("microvm")
+        return Probe("microvm", True, "", "", 99)
+
+    monkeypatch.setattr(microvm, "probe", classmethod(probe))
+    with contextlib.suppress(Exception):  # whatever this host has: the probes asked matter
+        get_backend("auto")
+    assert probed == []
+    assert microvm.probe().available  # the patch is in place: doctor still probes it
 
 
 def test_auto_gives_the_zygote_a_first_start_that_does_not_wait() -> None:

@@ -275,7 +275,9 @@ def get_backend(name: str | Backend = "auto", *, egress: EgressProxy | None = No
     if isinstance(name, Backend):
         return name
     if name == "auto":
-        probes = probe_all()
+        # Not the by-name-only backends (auto never picks them): a microVM's probe reads
+        # its artifacts' manifest, half a millisecond of every default Sandbox().
+        probes = [_probe(name) for name in _entries() if not _by_name_only(name)]
         chosen = auto_choice(probes)
         if chosen is None:
             reasons = "; ".join(f"{p.name}: {p.reason} (fix: {p.fix})" for p in probes)
@@ -289,6 +291,13 @@ def get_backend(name: str | Backend = "auto", *, egress: EgressProxy | None = No
     if not probe.available:
         raise BackendUnavailable(f"{name} backend unavailable: {probe.reason}. Fix: {probe.fix}")
     return backend
+
+
+def _by_name_only(name: str) -> bool:
+    try:
+        return load_backend(name).by_name_only
+    except BackendUnavailable:
+        return False  # probed, so that the error can say why it is unavailable
 
 
 def auto_choice(probes: list[Probe]) -> str | None:

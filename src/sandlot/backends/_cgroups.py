@@ -315,13 +315,57 @@ class SandboxCgroup:
                         f"cannot set {name}={value} in {path} ({exc.strerror}), so the limit "
                         f"would not hold. Fix: {CGROUP_FIX}"
                     ) from exc
-            self._attach.append(os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+            # v1: the writer moves as a thread (``tasks``), which a single-threaded child
+            # is whole; that skips the global lock a process move waits for (an RCU
+            # grace period, see open_thread_attach). v2 moves processes only.
+            attach = "tasks" if self.host.version == 1 else "cgroup.procs"
+            self._attach.append(os.open(path / attach, os.O_WRONLY | os.O_CLOEXEC))
 
     @property
     def attach_fds(self) -> tuple[int, ...]:
-        """Open ``cgroup.procs`` files. A child writes ``b"0"`` to each (before exec)
-        to move itself in; the fds are close-on-exec and closed by :meth:`close_fds`."""
+        """Open ``cgroup.procs`` (v2) or ``tasks`` (v1) files. A single-threaded child
+        writes ``b"0"`` to each (before exec) to move itself in; the fds are
+        close-on-exec and closed by :meth:`close_fds`."""
         return tuple(self._attach)
+
+    def open_thread_attach(self) -> list[int] | None:
+        """cgroup v1: each hierarchy's ``tasks`` file, opened for writing (the caller
+        closes them; the ones :attr:`attach_fds` held are handed over); None on v2.
+
+        A single-threaded process that writes ``b"0"`` to each moves itself in as a
+        thread. The kernel takes its global threadgroup lock, and with it an RCU grace
+        period after a quiet spell (milliseconds, more on a busy host), only to move a
+        whole process or another thread, not the writer itself. v2 has no such file: a
+        thread cannot leave its process's domain there."""
+        if self.host.version != 1:
+            return None
+        if len(self._attach) == len(self.paths):  # opened by _make: tasks files on v1
+            fds, self._attach = self._attach, []
+            return fds
+        fds = []
+        try:
+            for path in self.paths.values():
+                fds.append(os.open(path / "tasks", os.O_WRONLY | os.O_CLOEXEC))
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
+    def holds(self, pid: int) -> bool:
+        """Whether ``pid``'s main thread is in this cgroup in every hierarchy
+        (``/proc/<pid>/cgroup``)."""
+        try:
+            with open(f"/proc/{pid}/cgroup") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            return False
+        found: dict[str, str] = {}
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            for ctrl in controllers.split(",") if self.host.version == 1 else [""]:
+                found[ctrl] = path
+        return all(found.get(ctrl, "").rsplit("/", 1)[-1] == self.name for ctrl in self.paths)
 
     def close_fds(self) -> None:
         for fd in self._attach:

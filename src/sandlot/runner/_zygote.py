@@ -35,8 +35,10 @@ What one ``spawn`` does, in the new sandbox's first process (its pid 1):
 3. a user namespace of its own, nested in the zygote's, mapping only uid/gid 1000,
    with this sandbox's share of the kernel's per-user quotas (see below);
 4. says who it is on the channel with SCM_CREDENTIALS, so the host learns its pid as
-   the host sees it (the kernel translates it; the sandbox cannot lie about it) and
-   moves it into the sandbox's own cgroup before it answers with ``configure``;
+   the host sees it (the kernel translates it; the sandbox cannot lie about it);
+   the host makes the sandbox's own cgroup meanwhile and, on cgroup v2, moves it in;
+   on v1 it sends that cgroup's ``tasks`` files and the process moves itself in
+   (:func:`_join_cgroup`), then reads ``configure``;
 5. a new cgroup namespace (rooted at that cgroup), then every capability dropped
    (bounding, ambient, permitted, effective, inheritable) and the full sandbox seccomp
    filter installed on top of the zygote's (no_new_privs is already set);
@@ -106,6 +108,10 @@ MADV_COLLAPSE = 25
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 1
+MOVED = b"\0"
+"""The host's first byte to a new sandbox: it has moved it into its cgroup (v2)."""
+MOVE_YOURSELF = b"\1"
+"""The host's first byte to a new sandbox, with its cgroup's v1 ``tasks`` files: move in."""
 PROC_COVERS = ("sys", "sysrq-trigger", "irq", "bus")
 """What bubblewrap mounts read-only over a sandbox's /proc; a zygote child does the same."""
 MAX_PACKET = 1 << 16
@@ -480,6 +486,7 @@ def _sandbox_init(
     except OSError as exc:
         home_ready = None  # the supervisor tries again, and says why if it fails
         os.write(2, ("sandlot zygote: matplotlib settings: %s\n" % exc).encode())
+    _join_cgroup(sock)
     reader = sock.makefile("rb")
     config = _supervisor.read_configuration(reader)
     if config is None:
@@ -490,6 +497,42 @@ def _sandbox_init(
     _drop_privileges(program)
     set_cmdline([*_COMMAND, "supervisor", "--fd", str(sock.fileno())])
     return _supervisor.run(sock, reader, config, fork_kernel=True, home_ready=home_ready)
+
+
+def _join_cgroup(sock: socket.socket) -> None:
+    """Be in the sandbox's own cgroup before reading the configuration.
+
+    The host sends one byte first: ``MOVED`` (it moved this process itself, cgroup v2),
+    or ``MOVE_YOURSELF`` with the ``tasks`` file of each of the cgroup's v1 hierarchies,
+    opened by the host. Writing ``0`` there moves the writing thread, without the
+    kernel's global threadgroup lock (and the RCU grace period it waits for) that moving
+    a whole process takes; this process has one thread (a fresh fork of a zygote that
+    starts none), which is checked. Any failure ends the sandbox before it is
+    configured; the host also checks the move once the sandbox says ``ready``."""
+    fds = array.array("i")
+    data, ancdata, flags, _ = sock.recvmsg(
+        1, socket.CMSG_SPACE(8 * fds.itemsize), socket.MSG_CMSG_CLOEXEC
+    )
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    try:
+        if flags & socket.MSG_CTRUNC:
+            raise SetupFailed("too many descriptors with the cgroup message")
+        if data == MOVED and not fds:
+            return
+        if data != MOVE_YOURSELF or not fds:
+            raise SetupFailed("no cgroup to move into (%r, %d descriptors)" % (data, len(fds)))
+        if os.listdir("/proc/self/task") != [str(os.getpid())]:
+            raise SetupFailed("more than one thread: cannot move into the cgroup as one")
+        for fd in fds:
+            try:
+                os.write(fd, b"0")
+            except OSError as exc:
+                raise SetupFailed("move into the sandbox's cgroup: %s" % exc.strerror) from exc
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _own_user_namespace(sysctl_fd: int, quotas: Dict[str, Dict[str, int]]) -> None:

@@ -478,8 +478,9 @@ def _seccomp_finding() -> Finding:
 class Enter:
     """``preexec_fn``: runs in the forked child before it execs bwrap.
 
-    1. Join the sandbox's cgroups (writing "0" to ``cgroup.procs`` moves the writer),
-       so bwrap and everything it starts is limited from its first instruction.
+    1. Join the sandbox's cgroups (writing "0" to ``cgroup.procs``, or on v1 to
+       ``tasks``, moves the writer: this child has one thread), so bwrap and everything
+       it starts is limited from its first instruction.
     2. Set ``rlimits`` (the zygote's: room for every sandbox it forks, see
        :mod:`._zygote`); raising a hard limit works only as root.
     3. When sandlot runs as root, become the sandbox's own unprivileged uid/gid (from

@@ -10,8 +10,11 @@ The host's side of a spawn:
 2. meanwhile, create the sandbox's cgroup, exactly as for a cold sandbox (same limits);
 3. read that process's SCM_CREDENTIALS from the socket: the kernel translates its pid
    into ours, so we know which process it is without trusting anything it says;
-4. move it into the cgroup, then send the runner's ``configure`` message as for a cold
-   sandbox; the runner answers ``ready`` once its kernel (a fork of itself) runs.
+4. move it into the cgroup (cgroup v2), or send it the cgroup's ``tasks`` files with
+   the configuration so that it moves itself in as a thread, which skips the kernel's
+   global lock and its RCU grace period (v1); then the runner's ``configure`` message
+   as for a cold sandbox. The runner answers ``ready`` once its kernel (a fork of
+   itself) runs, and on v1 the host checks the move before it hands the sandbox out.
 
 From there the handle is an ordinary :class:`BwrapHandle`: the same channel, cgroup
 usage, OOM reports and teardown (the cgroup is emptied and removed).
@@ -363,13 +366,16 @@ class Zygote:
                 host_sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
                 self._request_fork(spec, child_sock.fileno())  # reserves a share
             try:
-                # While the zygote forks: the sandbox's cgroup, then the no-op move
-                # (after the mkdir, which would wait for the kernel's cgroup mutex the
-                # move holds while it waits).
+                # While the zygote forks: the sandbox's cgroup, then (where we move the
+                # sandbox, v2) the no-op move (after the mkdir, which would wait for the
+                # kernel's cgroup mutex the move holds while it waits).
                 group = cgroup_for(spec)
                 assert group is not None  # best-effort specs start cold (the backend)
                 failed.callback(group.destroy)
-                if self.alive:
+                tasks = group.open_thread_attach()
+                if tasks is not None:
+                    failed.callback(_close_all, tasks)
+                elif self.alive:
                     _PRIMER.poke(self)
                 pid = _sandbox_pid(host_sock)
                 process = _ForkedSandbox(pid)
@@ -385,13 +391,20 @@ class Zygote:
                 # in the zygote's cgroup (not a process that took a dead one's pid).
                 if pid not in self._cgroup_pids():
                     raise ProcessLookupError(pid)
-                for fd in group.attach_fds:
-                    os.write(fd, str(pid).encode())
-                group.close_fds()
-                config = runner_config(spec, 0)
-                host_sock.sendall(
-                    encode({"type": "configure", "id": "configure", "config": config})
+                configure = encode(
+                    {"type": "configure", "id": "configure", "config": runner_config(spec, 0)}
                 )
+                if tasks is None:  # v2: moved by us, then the configuration
+                    for fd in group.attach_fds:
+                        os.write(fd, str(pid).encode())
+                    host_sock.sendall(MOVED + configure)
+                else:  # v1: it moves itself (no global lock), then reads the configuration
+                    rights = array.array("i", tasks).tobytes()
+                    host_sock.sendmsg(
+                        [MOVE_YOURSELF + configure],
+                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)],
+                    )
+                group.close_fds()
             except OSError as exc:
                 raise SandboxStartError(
                     f"the zygote's sandbox died while starting ({exc})"
@@ -404,8 +417,17 @@ class Zygote:
                 exit_reason=lambda code: "the sandbox exited",
                 resources=spec.resources,
             )
+            if tasks is not None:
+                _close_all(tasks)
             failed.pop_all()
         handle.wait_ready(START_TIMEOUT)
+        if tasks is not None and not group.holds(pid):
+            # It says ready only once it moved itself; no user code has run yet. A
+            # sandbox outside its own cgroup would be outside its limits: refuse it.
+            handle.kill()
+            raise SandboxStartError(
+                "the zygote's sandbox is not in its own cgroup after starting; refused"
+            )
         return handle
 
     def _request_fork(self, spec: SandboxSpec, fd: int) -> None:
@@ -596,6 +618,21 @@ class _MovePrimer:
 
 
 _PRIMER = _MovePrimer()
+
+
+MOVED = b"\0"
+"""The byte before a forked sandbox's configuration when the host has moved it into its
+cgroup (v2)."""
+MOVE_YOURSELF = b"\1"
+"""The byte before a forked sandbox's configuration that carries its cgroup's ``tasks``
+files (v1): it moves itself in before it reads on (``runner/_zygote.py``)."""
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
 
 
 def _bytes(size_mb: int | None) -> int | None:
