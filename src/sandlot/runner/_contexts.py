@@ -36,8 +36,17 @@ INLINE_BYTES = 16 * 1024
 (:meth:`KernelProcess.try_begin`); it never waits for the kernel to read it."""
 
 
-_HEADS = {kind: b'{"type":"%s","id":"' % kind.encode() for kind in ("stdout", "stderr", "result")}
+_HEADS = {
+    kind: b'{"type":"%s","id":"' % kind.encode() for kind in ("stdout", "stderr", "result", "exit")
+}
 """How :func:`encode` starts a kernel event of each kind that may be passed on as it is."""
+VERBATIM_BYTES = 64 * 1024
+"""Longest kernel line passed on as it is. Anything the kernel pads a line with (JSON
+allows any whitespace between values) then costs the host no more than this a line; the
+lines themselves are bounded as before (output budget, ``max_results``, one exit)."""
+TEXT_SLACK = 64
+"""Bytes of envelope (type, id, quotes) a plain-output line may have beyond twice its
+text's size and still be passed on as it is: text as JSON escapes it, not padding."""
 _PLAIN_ID = re.compile(r"[-0-9A-Za-z_.:]{1,512}\Z")
 """Request ids that JSON writes as they are (no escapes), as the host makes them."""
 
@@ -180,9 +189,11 @@ class OutputBudget:
                 )
                 self.text_cut = True
             self.used += size
-        if line is not None:
+        if not text:
+            return
+        if line is not None and len(line) <= 2 * size + TEXT_SLACK:
             self.supervisor.send_line(line + b"\n")
-        elif text:
+        else:
             self.supervisor.send({"type": kind, "id": self.rid, "text": text})
 
     def cut(self) -> None:
@@ -289,7 +300,7 @@ class Cell:
         starts with exactly this cell's type and id, as :func:`encode` writes them,
         is passed on; any other is encoded again from what was parsed."""
         head, rid = _HEADS[kind], self.rid_bytes
-        if rid is None or not line.startswith(head):
+        if rid is None or len(line) > VERBATIM_BYTES or not line.startswith(head):
             return None
         start = len(head)
         if line.startswith(rid, start) and line.startswith(b'",', start + len(rid)):
@@ -501,7 +512,11 @@ class KernelProcess:
                 # is in place, so the next cell cannot reach the dying one.
                 cell.pending_exit = (status, message.get("execution_count"))
                 return
-            self.finish(cell, status, message.get("execution_count"))
+            count = message.get("execution_count")
+            raw = None
+            if status in ("ok", "error") and not cell.timed_out and len(message) == 4:
+                raw = cell.verbatim(kind, line) if type(count) is int else None
+            self.finish(cell, status, count, raw)
 
     def timeout_error(self, cell: Cell, restarted: bool) -> Dict[str, Any]:
         if restarted:
@@ -516,17 +531,24 @@ class KernelProcess:
             "traceback": "",
         }
 
-    def finish(self, cell: Cell, status: Any, count: Any = None) -> None:
-        """Send the cell's one and only exit event."""
+    def finish(
+        self, cell: Cell, status: Any, count: Any = None, line: Optional[bytes] = None
+    ) -> None:
+        """Send the cell's one and only exit event. ``line``: the kernel's exit, which
+        says this (its type, id, ``status`` and ``execution_count`` alone), to pass on
+        as it is unless the cell's output was cut (the exit then says so)."""
         with cell.finish_lock:
             if cell.done.is_set():
                 return
-            message: Dict[str, Any] = {"type": "exit", "id": cell.rid, "status": status}
-            if isinstance(count, int):
-                message["execution_count"] = count
-            if cell.budget.truncated:
-                message["truncated"] = True
-            self.supervisor.send(message)
+            if line is not None and not cell.budget.truncated:
+                self.supervisor.send_line(line + b"\n")
+            else:
+                message: Dict[str, Any] = {"type": "exit", "id": cell.rid, "status": status}
+                if isinstance(count, int):
+                    message["execution_count"] = count
+                if cell.budget.truncated:
+                    message["truncated"] = True
+                self.supervisor.send(message)
             cell.done.set()
             if cell.deadline_entry is not None:
                 self.supervisor.deadlines.cancel(cell.deadline_entry)
