@@ -31,6 +31,10 @@ from sandlot.runner import BOOTSTRAP
 from sandlot.runner._processes import Forked, Processes, set_cmdline, signal_all
 
 PR_SET_DUMPABLE = 4
+READ_BYTES = 64 * 1024
+"""Bytes a kernel's listener reads from its socket at a time. Under glibc's threshold
+for allocating with ``mmap`` (128 KiB): a megabyte read cost an ``mmap``, an ``mremap``
+and an ``munmap`` (with its TLB shootdown across the supervisor's threads) every cell."""
 INLINE_BYTES = 16 * 1024
 """Largest ``execute`` message the thread that read it sends to an idle kernel itself
 (:meth:`KernelProcess.try_begin`); it never waits for the kernel to read it."""
@@ -410,7 +414,7 @@ class KernelProcess:
         while sock_open:
             for fd, _ in poller.poll():
                 if fd == sock_fd:
-                    data = sock.recv(1 << 20)
+                    data = sock.recv(READ_BYTES)
                     if not data:
                         sock_open = False
                         break
