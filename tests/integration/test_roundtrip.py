@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from sandlot import Execution, Sandbox
+from sandlot import Execution, Resources, Sandbox
 
 pytestmark = [
     pytest.mark.requires_bwrap,
@@ -143,3 +144,49 @@ def test_lines_the_supervisor_cannot_parse_are_dropped_and_the_cell_goes_on(
     assert execution.logs.stdout == ["still here\n"]
     assert execution.text == "42"
     assert sbx.run_code("1 + 1").text == "2"
+
+
+# User code writes lines to its kernel's socket that the supervisor takes for this
+# cell's (its id is the one parsed) but whose start says something else: the type or the
+# id given twice, the first one not the parsed one; plain output with a field beside its
+# text that costs far more than the text; a line for another cell. The supervisor passes
+# a kernel's line on as it is only when it starts with exactly this cell's type and id
+# and, for plain output, holds nothing else; it encodes the others again from what it
+# parsed. Passed on as they are, the first would break the protocol (the host kills the
+# sandbox: a type it did not account for), the second would be routed to no one, and
+# the third charged to the results budget and dropped.
+FORGED_HEADERS = """
+import sys
+kernel = sys.stdout.kernel
+rid = kernel.current_id
+zeros = ",".join(["0"] * 20000)
+lines = [
+    '{"type":"stderr","id":"%s","type":"stdout","text":"type-twice\\\\n"}' % rid,
+    '{"type":"stdout","id":"%s-9","id":"%s","text":"id-twice\\\\n"}' % (rid, rid),
+    '{"type":"stdout","id":"%s","text":"extra-field\\\\n","x":[%s]}' % (rid, zeros),
+    '{"type":"error","id":"%s","type":"result","data":{"text/plain":"7"},'
+    '"is_main_result":false}' % rid,
+    '{"type":"stdout","id":"%s-9","text":"other-cell\\\\n"}' % rid.rsplit("-", 1)[0],
+]
+with kernel.channel.lock:
+    kernel.channel.sock.sendall("".join(line + "\\n" for line in lines).encode())
+print("still here")
+6 * 7
+"""
+
+
+def test_kernel_lines_whose_start_differs_from_their_content_are_encoded_again(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    # A results budget (plus the host's 1 MiB of slack) that the extra field's
+    # 20,000 values (64 bytes each, counted as parsed) go over, and its text does not.
+    sbx = make_sandbox(resources=Resources(result_bytes=64 * 1024))
+    sbx.run_code("kept = 1")
+    execution = sbx.run_code(FORGED_HEADERS, timeout=10)
+    assert execution.error is None, execution.error
+    assert "".join(execution.logs.stdout) == "type-twice\nid-twice\nextra-field\nstill here\n"
+    assert not execution.truncated
+    assert [r.text for r in execution.results] == ["7", "42"]
+    # The same sandbox and kernel: nothing broke the protocol.
+    assert sbx.run_code("kept + 1").text == "2"
+    assert sbx._core.restarts == 0

@@ -64,3 +64,31 @@ def test_counters_are_the_oom_kills_and_cpu_time_of_a_full_read(tmp_path: Path) 
                 child.unlink()
         again = read_usage(version, paths, counters_only=True)  # type: ignore[arg-type]
         assert again == counters
+
+
+def test_kept_files_read_again_but_the_limit_sandlot_set(tmp_path: Path) -> None:
+    """Usage is read from files kept open: the counters come fresh on every read; the
+    memory limit, which sandlot wrote when it made the cgroup, is read once."""
+    paths = {"memory": tmp_path, "cpuacct": tmp_path, "pids": tmp_path}
+    _v1(tmp_path)
+    files = UsageFiles()
+    first = read_usage(1, paths, files)  # type: ignore[arg-type]
+    assert (first.oom_kills, first.memory_limit_bytes, first.pids) == (5, 8192, 7)
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 1\noom_kill 6\n")
+    (tmp_path / "cpuacct.usage").write_text("3000000000\n")
+    (tmp_path / "pids.current").write_text("9\n")
+    (tmp_path / "memory.limit_in_bytes").write_text("1\n")
+    second = read_usage(1, paths, files)  # type: ignore[arg-type]
+    assert (second.oom_kills, second.cpu_seconds, second.pids) == (6, 3.0, 9)
+    assert second.memory_limit_bytes == 8192
+
+
+def test_keyed_values_are_found_by_their_whole_key(tmp_path: Path) -> None:
+    _v2(tmp_path)
+    # A key that ends in "oom_kill", before it; and a counter that is not a number.
+    (tmp_path / "memory.events").write_text("oom 2\noom_group_kill 9\noom_kill 3\n")
+    assert read_usage(2, {"": tmp_path}).oom_kills == 3  # type: ignore[arg-type]
+    (tmp_path / "memory.events").write_text("oom_group_kill 9\n")
+    assert read_usage(2, {"": tmp_path}).oom_kills == 0  # type: ignore[arg-type]
+    (tmp_path / "cpu.stat").write_text("usage_usec x\nuser_usec 1\n")
+    assert read_usage(2, {"": tmp_path}).cpu_seconds is None  # type: ignore[arg-type]

@@ -440,9 +440,22 @@ class UsageFiles:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fds: dict[tuple[str, str], int] = {}
+        self._kept: dict[tuple[str, str], str] = {}
         self._closed = False
 
-    def read(self, paths: Mapping[str, Path], ctrl: str, name: str) -> str | None:
+    def read(
+        self, paths: Mapping[str, Path], ctrl: str, name: str, constant: bool = False
+    ) -> str | None:
+        """The file's text now. ``constant``: a file that does not change once read
+        (the memory limit sandlot set when it made the cgroup): read once, then kept."""
+        if constant:
+            kept = self._kept.get((ctrl, name))
+            if kept is not None:
+                return kept
+            text = self.read(paths, ctrl, name)
+            if text is not None:
+                self._kept[(ctrl, name)] = text
+            return text
         with self._lock:
             if self._closed:
                 return _read_file(paths, ctrl, name)
@@ -481,34 +494,34 @@ def read_usage(
     ``counters_only``: OOM kills and CPU time only (what a cell is measured from, read
     before each one); the other fields are None."""
 
-    def read(ctrl: str, name: str) -> str | None:
+    def read(ctrl: str, name: str, constant: bool = False) -> str | None:
         if files is not None:
-            return files.read(paths, ctrl, name)
+            return files.read(paths, ctrl, name, constant)
         return _read_file(paths, ctrl, name)
 
     if version == 2:
-        events = _keyed(read("", "memory.events"))
+        oom_kills = _key(read("", "memory.events"), "oom_kill") or 0
         if counters_only:
-            cpu = _keyed(read("", "cpu.stat")).get("usage_usec")
-            return ResourceUsage(None, None, events.get("oom_kill", 0), _seconds(cpu, 1e6))
+            cpu = _key(read("", "cpu.stat"), "usage_usec")
+            return ResourceUsage(None, None, oom_kills, _seconds(cpu, 1e6))
         peak = read("", "memory.peak") or read("", "memory.current")
-        limit = read("", "memory.max")
-        cpu = _keyed(read("", "cpu.stat")).get("usage_usec")
+        limit = read("", "memory.max", constant=True)
+        cpu = _key(read("", "cpu.stat"), "usage_usec")
         pids = read("", "pids.current")
         return ResourceUsage(
             _int(peak),
             _int(limit),
-            events.get("oom_kill", 0),
+            oom_kills,
             None if cpu is None else cpu / 1e6,
             _int(pids),
         )
-    oom = _keyed(read("memory", "memory.oom_control")).get("oom_kill", 0)
+    oom = _key(read("memory", "memory.oom_control"), "oom_kill") or 0
     cpu_ns = _int(read("cpuacct", "cpuacct.usage"))
     if counters_only:
         return ResourceUsage(None, None, oom, _seconds(cpu_ns, 1e9))
     return ResourceUsage(
         _int(read("memory", "memory.max_usage_in_bytes")),
-        _int(read("memory", "memory.limit_in_bytes")),
+        _int(read("memory", "memory.limit_in_bytes", constant=True)),
         oom,
         None if cpu_ns is None else cpu_ns / 1e9,
         _int(read("pids", "pids.current")),
@@ -549,13 +562,21 @@ def _read_file(paths: Mapping[str, Path], ctrl: str, name: str) -> str | None:
         os.close(fd)
 
 
-def _keyed(text: str | None) -> dict[str, int]:
-    values: dict[str, int] = {}
-    for line in (text or "").splitlines():
-        key, _, value = line.partition(" ")
-        with contextlib.suppress(ValueError):
-            values[key] = int(value)
-    return values
+def _key(text: str | None, key: str) -> int | None:
+    """The value of ``key`` in a keyed file's text (``key value`` lines), or None.
+    Found, not split into lines: these files are read twice a cell."""
+    if not text:
+        return None
+    at = text.find(key + " ")
+    while at > 0 and text[at - 1] != "\n":  # (a longer key that ends in this one)
+        at = text.find(key + " ", at + 1)
+    if at < 0:
+        return None
+    end = text.find("\n", at)
+    try:
+        return int(text[at + len(key) + 1 : None if end < 0 else end])
+    except ValueError:
+        return None
 
 
 def _int(text: str | None) -> int | None:

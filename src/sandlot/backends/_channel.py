@@ -59,6 +59,7 @@ from sandlot.safetext import escape
 
 log = logging.getLogger("sandlot.backend")
 
+_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR
 _DEAD = object()
 _NOTHING = object()
 READ_BYTES = 256 * 1024
@@ -482,7 +483,7 @@ class ChannelHandle(SandboxHandle):
     def _read(self, timeout: float | None, writing: bool = False) -> None:
         """Route the complete lines buffered, or else wait up to ``timeout`` seconds for
         more from the channel (the calling thread holds the read side)."""
-        if self._route_buffered():
+        if self._buffer and self._route_buffered():
             return
         drain_by = self._drain_by
         if drain_by is not None:
@@ -495,9 +496,7 @@ class ChannelHandle(SandboxHandle):
             poller.register(self._sock.fileno(), select.POLLIN | select.POLLOUT)
         try:
             ready = poller.poll(None if timeout is None else math.ceil(timeout * 1000))
-            if not any(
-                events & (select.POLLIN | select.POLLHUP | select.POLLERR) for _, events in ready
-            ):
+            if not ready or not any(events & _READABLE for _, events in ready):
                 if drain_by is not None and time.monotonic() >= drain_by:
                     self._set_drained()  # gone, and its channel still open: done
                 return

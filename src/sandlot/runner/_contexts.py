@@ -16,6 +16,7 @@ import heapq
 import itertools
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -30,10 +31,28 @@ from sandlot.runner import BOOTSTRAP
 from sandlot.runner._processes import Forked, Processes, set_cmdline, signal_all
 
 PR_SET_DUMPABLE = 4
+READ_BYTES = 64 * 1024
+"""Bytes a kernel's listener reads from its socket at a time. Under glibc's threshold
+for allocating with ``mmap`` (128 KiB): a megabyte read cost an ``mmap``, an ``mremap``
+and an ``munmap`` (with its TLB shootdown across the supervisor's threads) every cell."""
 INLINE_BYTES = 16 * 1024
 """Largest ``execute`` message the thread that read it sends to an idle kernel itself
 (:meth:`KernelProcess.try_begin`); it never waits for the kernel to read it."""
 
+
+_HEADS = {
+    kind: b'{"type":"%s","id":"' % kind.encode() for kind in ("stdout", "stderr", "result", "exit")
+}
+"""How :func:`encode` starts a kernel event of each kind that may be passed on as it is."""
+VERBATIM_BYTES = 64 * 1024
+"""Longest kernel line passed on as it is. Anything the kernel pads a line with (JSON
+allows any whitespace between values) then costs the host no more than this a line; the
+lines themselves are bounded as before (output budget, ``max_results``, one exit)."""
+TEXT_SLACK = 64
+"""Bytes of envelope (type, id, quotes) a plain-output line may have beyond twice its
+text's size and still be passed on as it is: text as JSON escapes it, not padding."""
+_PLAIN_ID = re.compile(r"[-0-9A-Za-z_.:]{1,512}\Z")
+"""Request ids that JSON writes as they are (no escapes), as the host makes them."""
 
 Deadline = List[Any]
 """``[when, sequence number, callback or None once cancelled]`` (a heap entry)."""
@@ -126,6 +145,8 @@ class Host(Protocol):
 
     def send(self, message: Dict[str, Any]) -> None: ...
 
+    def send_line(self, data: bytes) -> None: ...
+
     def batched(self) -> ContextManager[None]: ...
 
     def take_fork(self) -> bool: ...
@@ -154,13 +175,17 @@ class OutputBudget:
     def truncated(self) -> bool:
         return self.text_cut or self.dropped
 
-    def text(self, kind: str, text: str) -> None:
+    def text(self, kind: str, text: str, line: Optional[bytes] = None) -> None:
+        """Forward ``text`` within the cell's output limit. ``line``: the kernel's own
+        line for exactly this event (checked by the caller, :meth:`Cell.verbatim`),
+        passed on as it is when the text is not cut (not encoded a second time)."""
         limit = self.supervisor.output_bytes
         with self.lock:
             if self.text_cut:
                 return
             size = len(text.encode("utf-8", "replace"))
             if limit is not None and self.used + size > limit:
+                line = None
                 room = max(0, limit - self.used)
                 text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
                 text += (
@@ -168,7 +193,11 @@ class OutputBudget:
                 )
                 self.text_cut = True
             self.used += size
-        if text:
+        if not text:
+            return
+        if line is not None and len(line) <= 2 * size + TEXT_SLACK:
+            self.supervisor.send_line(line + b"\n")
+        else:
             self.supervisor.send({"type": kind, "id": self.rid, "text": text})
 
     def cut(self) -> None:
@@ -192,11 +221,17 @@ class OutputBudget:
         self.dropped = True
         self.supervisor.send({"type": "stderr", "id": self.rid, "text": text})
 
-    def result(self, message: Dict[str, Any], line_bytes: Optional[int] = None) -> None:
+    def result(
+        self,
+        message: Dict[str, Any],
+        line_bytes: Optional[int] = None,
+        line: Optional[bytes] = None,
+    ) -> None:
         """Forward a result within the cell's limits. ``line_bytes``: the size of the
         line it came in; ``json.dumps`` of its data is at most three times that (a
         UTF-8 byte becomes at most three ASCII-escaped characters), so a result whose
-        line is that small is not serialised again only to be measured."""
+        line is that small is not serialised again only to be measured. ``line``: that
+        line, when it may be passed on as it is (:meth:`Cell.verbatim`)."""
         limit = self.supervisor.max_results
         size_limit = self.supervisor.result_bytes
         # Size first: an oversized result is dropped without taking one of the slots.
@@ -218,7 +253,10 @@ class OutputBudget:
             else:
                 self.dropped = True
             return
-        self.supervisor.send(message)
+        if line is not None:
+            self.supervisor.send_line(line + b"\n")
+        else:
+            self.supervisor.send(message)
 
 
 def pump(stream: Any, budget: OutputBudget, kind: str) -> None:
@@ -248,11 +286,30 @@ class Cell:
         self.sock: Optional[socket.socket] = None
         """The kernel socket ``unsent`` is for (a replaced kernel must not get it)."""
         self.deadline_entry: Optional[List[Any]] = None
+        self.rid_bytes = rid.encode() if _PLAIN_ID.match(rid) else None
+        """The id as :func:`encode` writes it (None: one never passed on verbatim)."""
         self.watcher_releases = True
         """Who ends the cell's hold on its kernel (``exec_lock``): once its message is
         sent (:meth:`KernelProcess.sent`), its exit (finish), so that the next cell
         waits for no other thread; once it timed out, :meth:`KernelProcess.expire`.
         Until then, the thread that sends it."""
+
+    def verbatim(self, kind: str, line: bytes) -> Optional[bytes]:
+        """``line`` if it may go to the host as the kernel wrote it, else None.
+
+        The kernel is user code. Its line was parsed here (``kind``, and this cell's
+        id, are what the parsed message holds); the host reads the type and the id
+        off the start of a line to route and account it, and refuses a line whose
+        parsed type or id differs from those (duplicate keys). So only a line that
+        starts with exactly this cell's type and id, as :func:`encode` writes them,
+        is passed on; any other is encoded again from what was parsed."""
+        head, rid = _HEADS[kind], self.rid_bytes
+        if rid is None or len(line) > VERBATIM_BYTES or not line.startswith(head):
+            return None
+        start = len(head)
+        if line.startswith(rid, start) and line.startswith(b'",', start + len(rid)):
+            return line
+        return None
 
 
 class KernelProcess:
@@ -357,7 +414,7 @@ class KernelProcess:
         while sock_open:
             for fd, _ in poller.poll():
                 if fd == sock_fd:
-                    data = sock.recv(1 << 20)
+                    data = sock.recv(READ_BYTES)
                     if not data:
                         sock_open = False
                         break
@@ -434,9 +491,12 @@ class KernelProcess:
             return
         kind = message.get("type")
         if kind in ("stdout", "stderr") and isinstance(message.get("text"), str):
-            cell.budget.text(kind, message["text"])
+            # Passed on as it is only with no other field (the host takes a line of
+            # type, id and text alone for plain output, outside the results budget).
+            raw = cell.verbatim(kind, line) if len(message) == 3 else None
+            cell.budget.text(kind, message["text"], raw)
         elif kind == "result":
-            cell.budget.result(message, len(line))
+            cell.budget.result(message, len(line), cell.verbatim(kind, line))
         elif kind == "error":
             if cell.timed_out and message.get("name") == "KeyboardInterrupt":
                 message = self.timeout_error(cell, restarted=False)
@@ -456,7 +516,11 @@ class KernelProcess:
                 # is in place, so the next cell cannot reach the dying one.
                 cell.pending_exit = (status, message.get("execution_count"))
                 return
-            self.finish(cell, status, message.get("execution_count"))
+            count = message.get("execution_count")
+            raw = None
+            if status in ("ok", "error") and not cell.timed_out and len(message) == 4:
+                raw = cell.verbatim(kind, line) if type(count) is int else None
+            self.finish(cell, status, count, raw)
 
     def timeout_error(self, cell: Cell, restarted: bool) -> Dict[str, Any]:
         if restarted:
@@ -471,17 +535,24 @@ class KernelProcess:
             "traceback": "",
         }
 
-    def finish(self, cell: Cell, status: Any, count: Any = None) -> None:
-        """Send the cell's one and only exit event."""
+    def finish(
+        self, cell: Cell, status: Any, count: Any = None, line: Optional[bytes] = None
+    ) -> None:
+        """Send the cell's one and only exit event. ``line``: the kernel's exit, which
+        says this (its type, id, ``status`` and ``execution_count`` alone), to pass on
+        as it is unless the cell's output was cut (the exit then says so)."""
         with cell.finish_lock:
             if cell.done.is_set():
                 return
-            message: Dict[str, Any] = {"type": "exit", "id": cell.rid, "status": status}
-            if isinstance(count, int):
-                message["execution_count"] = count
-            if cell.budget.truncated:
-                message["truncated"] = True
-            self.supervisor.send(message)
+            if line is not None and not cell.budget.truncated:
+                self.supervisor.send_line(line + b"\n")
+            else:
+                message: Dict[str, Any] = {"type": "exit", "id": cell.rid, "status": status}
+                if isinstance(count, int):
+                    message["execution_count"] = count
+                if cell.budget.truncated:
+                    message["truncated"] = True
+                self.supervisor.send(message)
             cell.done.set()
             if cell.deadline_entry is not None:
                 self.supervisor.deadlines.cancel(cell.deadline_entry)
@@ -550,7 +621,7 @@ class KernelProcess:
             self.exec_lock.release()
             return None
         try:
-            cell = self.begin(request)
+            cell = self.begin(request, arm=False)
         except BaseException:
             self.state_lock.release()
             self.exec_lock.release()
@@ -565,6 +636,7 @@ class KernelProcess:
             sent = len(data)  # the kernel died; its listener reports it
         finally:
             self.state_lock.release()
+        self.arm(cell)  # after the send: the kernel starts the cell meanwhile
         cell.unsent, cell.sock = data[sent:], self.sock
         if not cell.unsent:
             self.sent(cell)
@@ -593,16 +665,26 @@ class KernelProcess:
         if ended:
             self.exec_lock.release()
 
-    def begin(self, request: Dict[str, Any]) -> Cell:
-        """The cell of ``request``, made current, its timeout armed; exec_lock held."""
+    def begin(self, request: Dict[str, Any], arm: bool = True) -> Cell:
+        """The cell of ``request``, made current, its timeout armed (``arm``; else the
+        caller arms it with :meth:`arm`); exec_lock held."""
         cell = Cell(request["id"], OutputBudget(self.supervisor, request["id"]))
         cell.timeout = float(request["timeout"])
         cell.deadline = time.monotonic() + cell.timeout
         self.cell = cell
-        cell.deadline_entry = self.supervisor.deadlines.add(
-            cell.deadline, functools.partial(self.on_deadline, cell)
-        )
+        if arm:
+            self.arm(cell)
         return cell
+
+    def arm(self, cell: Cell) -> None:
+        """Enforce the cell's deadline (counted from :meth:`begin`). Armed after the
+        kernel was sent the cell, off the way from the host to the kernel; a cell that
+        ended meanwhile (its exit already sent) needs none."""
+        with cell.finish_lock:
+            if not cell.done.is_set():
+                cell.deadline_entry = self.supervisor.deadlines.add(
+                    cell.deadline, functools.partial(self.on_deadline, cell)
+                )
 
     @staticmethod
     def message(request: Dict[str, Any]) -> bytes:

@@ -220,7 +220,10 @@ class Kernel:
         in the same write as the cell's exit, which comes next (or with whatever the
         cell's end still prints first)."""
         data = self.bundle(value)
-        self.flush_streams()
+        # Python's streams only: C-level stdio goes to the pipes, which the supervisor
+        # reads apart from these events; the cell's end flushes it before the exit.
+        self.stdout.flush()
+        self.stderr.flush()
         self.emit({"type": "result", "data": data, "is_main_result": True}, hold=True)
 
     def bundle(self, obj: Any) -> Dict[str, Any]:

@@ -125,7 +125,10 @@ class Supervisor:
 
     # --- host channel -----------------------------------------------------------------
     def send(self, message: Dict[str, Any]) -> None:
-        data = encode(message)
+        self.send_line(encode(message))
+
+    def send_line(self, data: bytes) -> None:
+        """Send one message already encoded (a whole line, newline included)."""
         batch: Optional[List[bytes]] = getattr(self.batches, "parts", None)
         if batch is None:
             self.write(data)
