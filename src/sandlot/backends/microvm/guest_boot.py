@@ -398,13 +398,14 @@ def template(lib: str, bootstrap: str) -> None:
     sys.path.insert(0, lib)
     import socket  # noqa: F401 - imported before the save
 
+    from sandlot.protocol.layout import HOME
     from sandlot.runner import _processes, _supervisor, _zygote
 
     _zygote._preload(preload)
     # The template's matplotlib files in the home now (a tmpfs in guest memory: each
     # restored copy has its own): copied after the restore, they cost a restore 30 to
     # 70 ms of emulated CPU before "ready". The supervisor skips them (home_ready).
-    home_ready: str | None = os.environ.get("HOME", "/home/user")
+    home_ready: str | None = os.environ.get("HOME", HOME)
     try:
         _supervisor._prepare_home(str(home_ready))
     except OSError as exc:
