@@ -24,7 +24,8 @@ import pytest
 
 from sandlot import BackendUnavailable, IsolationUnavailable, Sandbox
 from sandlot.backends.microvm import MicroVMBackend, MicroVMHandle
-from sandlot.backends.microvm._qemu import qemu_argv
+from sandlot.backends.microvm._qemu import default_machine, host_tsc_khz, qemu_argv
+from sandlot.backends.microvm._snapshot import snapshot_key
 from sandlot.policy import NetworkPolicy, Resources, SandboxSpec
 
 GONE_WITHIN = 30.0
@@ -97,6 +98,33 @@ def test_command_line_has_no_network_device_and_a_read_only_root() -> None:
     assert argv[argv.index("-monitor") + 1] == "none"
     append = argv[argv.index("-append") + 1]
     assert "sandlot.disk_mb=100" in append and "sandlot.tmp_mb=50" in append
+
+
+def test_restored_vms_use_the_microvm_machine_cold_boots_under_tcg_q35() -> None:
+    # A restore does not boot: the microvm machine loads its state about twice as fast
+    # under TCG (docs/microvm.md); a cold boot under TCG is faster on q35.
+    assert default_machine("tcg", snapshot=True) == "microvm"
+    assert default_machine("tcg", snapshot=False) == "q35"
+    assert default_machine("kvm", snapshot=False) == "microvm"
+
+
+def test_snapshot_key_ignores_the_clock_hint_only() -> None:
+    # The host's cpu MHz can move with its frequency; a new key would mean a new
+    # template boot (a minute under TCG) for the same VM.
+    spec = SandboxSpec()
+    argv = qemu_argv(
+        "qemu", spec, kernel=Path("k"), initrd=Path("i"), image=Path("img"),
+        channel_fd=7, accel="tcg", machine="microvm", template=True,
+    )  # fmt: skip
+    append = argv.index("-append") + 1
+    assert "tsc_early_khz=" in argv[append] or host_tsc_khz() is None
+
+    def with_append(text: str) -> list[str]:
+        return [*argv[:append], text, *argv[append + 1 :]]
+
+    key = snapshot_key(sys.executable, with_append("quiet tsc_early_khz=2596148 x=1"), ())
+    assert key == snapshot_key(sys.executable, with_append("quiet tsc_early_khz=2600001 x=1"), ())
+    assert key != snapshot_key(sys.executable, with_append("quiet tsc_early_khz=2596148 x=2"), ())
 
 
 # --- in a VM ---------------------------------------------------------------------------

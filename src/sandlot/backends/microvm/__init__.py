@@ -4,7 +4,8 @@ A guest kernel of its own stands between user code and the host's: a kernel bug 
 code exploits is the guest's, not the host's. What the sandbox sees is the same runner
 and protocol as under bwrap and Docker, so every SDK behaviour is the same.
 
-* QEMU's ``microvm`` machine under KVM, ``q35`` under TCG (faster there, measured),
+* QEMU's ``microvm`` machine under KVM and for restored VMs, ``q35`` for cold boots
+  under TCG (faster there, measured),
   ``-nodefaults``: no network device at all, no monitor; the template's root
   filesystem on a read-only virtio-blk device (QEMU opens it read-only, so not even
   root in the guest can write it), tmpfs for ``/home/user`` and ``/tmp`` sized by
@@ -179,10 +180,11 @@ class MicroVMBackend(Backend):
         """``egress``: the proxy for sandboxes with a network policy (default: the
         process-wide :func:`sandlot.egress.default_proxy`).
         ``machine``: QEMU's ``microvm`` or ``q35``; ``auto`` (default) picks the faster
-        for the accelerator (:func:`._qemu.default_machine`). ``snapshot`` (default):
-        restore each VM from a snapshot of one that booted and imported the data stack
-        (made on first use, :mod:`._snapshot`), each with fresh entropy and its own
-        configuration; False boots each VM cold."""
+        for the accelerator and for a restore or a cold boot
+        (:func:`._qemu.default_machine`). ``snapshot`` (default): restore each VM from
+        a snapshot of one that booted and imported the data stack (made on first use,
+        :mod:`._snapshot`), each with fresh entropy and its own configuration; False
+        boots each VM cold."""
         self._egress = egress
         self.machine = machine
         self.snapshot = snapshot
@@ -247,7 +249,7 @@ class MicroVMBackend(Backend):
                 f"microvm backend unavailable: {probe.reason}. Fix: {probe.fix}"
             )
         accel, _ = accelerator(qemu, artifacts)
-        machine = default_machine(accel) if self.machine == "auto" else self.machine
+        machine = default_machine(accel, self.snapshot) if self.machine == "auto" else self.machine
         image = artifacts.image(spec.template)
         initrd = sandbox_initrd(artifacts)
         if self.snapshot:

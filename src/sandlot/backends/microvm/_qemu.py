@@ -170,13 +170,17 @@ def _build_initrd(artifacts: Artifacts) -> Path:
     return path
 
 
-def default_machine(accel: str) -> str:
-    """``q35`` under TCG, ``microvm`` under KVM. Measured here under TCG, two runs
-    (bench/results/microvm-*.md): q35 reached the runner's ready in 4.6 and 4.3 s,
-    microvm in 8.5 and 6.4 s; the microvm machine offers the guest no timer to calibrate
-    its clock against (no HPET, no ACPI PM timer). Under KVM (kvmclock) the microvm
-    machine skips the firmware and PCI enumeration, which is what makes it boot fast."""
-    return "microvm" if accel == "kvm" else "q35"
+def default_machine(accel: str, snapshot: bool = False) -> str:
+    """``microvm`` under KVM and for VMs restored from a snapshot, ``q35`` for VMs
+    booted cold under TCG. Measured here under TCG, two runs (bench/results/microvm-*.md):
+    q35 reached the runner's ready in 4.6 and 4.3 s, microvm in 8.5 and 6.4 s; the
+    microvm machine offers the guest no timer to calibrate its clock against (no HPET,
+    no ACPI PM timer). A restore does not boot: there the microvm machine (fewer
+    devices, no firmware, no PCI) loads the same state in about 170 ms instead of 300
+    (bench/results/microvm-20261127.md); its slower boot is paid once, by the template.
+    Under KVM (kvmclock) it skips the firmware and PCI enumeration, which is what makes
+    it boot fast."""
+    return "microvm" if accel == "kvm" or snapshot else "q35"
 
 
 # --- the command line --------------------------------------------------------------------

@@ -79,7 +79,14 @@ def qemu_version(qemu: str) -> str:
 def snapshot_key(qemu: str, argv: list[str], preload: tuple[str, ...]) -> str:
     """A hash of the QEMU binary and the template VM's command line (kernel, initramfs
     and image paths carry their own content keys) and the preloaded modules."""
-    stable = [a for a in argv if not a.startswith(("socket,id=channel,", "socket,id=egress,"))]
+    # The clock hint (tsc_early_khz, microvm under TCG) is what the host's cpuinfo said
+    # at the time, which can move with its frequency; it matters only to the template's
+    # boot (a restored kernel keeps the calibration it was saved with).
+    stable = [
+        " ".join(w for w in a.split(" ") if not w.startswith("tsc_early_khz="))
+        for a in argv
+        if not a.startswith(("socket,id=channel,", "socket,id=egress,"))
+    ]
     files = [a for a in argv if a.startswith("/") and os.path.isfile(a)]
     stamps = [f"{p}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p in files]
     text = json.dumps([qemu_version(qemu), stable, stamps, list(preload)])
