@@ -68,6 +68,19 @@ class ServerProcess:
         as ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KEY``)."""
         return {"api_url": self.url, "sandbox_url": self.url, "api_key": key}
 
+    def e2b_create(self, key: str, timeout: int = 120) -> tuple[str, str]:
+        """A sandbox through E2B's control plane, as the E2B SDK makes one over raw HTTP:
+        (sandbox id, envd access token)."""
+        made = httpx.post(
+            f"{self.url}/sandboxes",
+            json={"templateID": "base", "timeout": timeout},
+            headers={"X-API-Key": key},
+            timeout=120,
+        )
+        assert made.status_code == 201, made.text
+        body = made.json()
+        return body["sandboxID"], body["envdAccessToken"]
+
     def key(self, tenant: str, *args: str) -> str:
         """A new API key for ``tenant`` from ``sandlot keys create`` (last line of stdout)."""
         done = subprocess.run(

@@ -40,15 +40,7 @@ class Attack:
 
     def create(self, key: str) -> tuple[str, str]:
         """A sandbox through E2B's control plane: (id, access token)."""
-        made = httpx.post(
-            f"{self.url}/sandboxes",
-            json={"templateID": "base", "timeout": 120},
-            headers={"X-API-Key": key},
-            timeout=120,
-        )
-        assert made.status_code == 201, made.text
-        body = made.json()
-        return body["sandboxID"], body["envdAccessToken"]
+        return self.server.e2b_create(key)
 
     def kill(self, key: str, sandbox_id: str) -> None:
         httpx.delete(f"{self.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": key}, timeout=60)

@@ -93,14 +93,7 @@ def test_a_native_cell_without_its_body_does_not_hold_the_sandbox(server: Server
 
 def test_an_e2b_cell_without_its_body_does_not_hold_the_sandbox(server: ServerProcess) -> None:
     key = server.key("e2b")
-    made = httpx.post(
-        f"{server.url}/sandboxes",
-        json={"templateID": "base", "timeout": 600},
-        headers={"X-API-Key": key},
-        timeout=120,
-    )
-    assert made.status_code == 201, made.text
-    sandbox_id, token = made.json()["sandboxID"], made.json()["envdAccessToken"]
+    sandbox_id, token = server.e2b_create(key, timeout=600)
     plane = {"E2b-Sandbox-Id": sandbox_id, "X-Access-Token": token}
     with _headers_only(server.url, "/execute", plane) as sock:
         _reaped(server.url, f"/sandboxes/{sandbox_id}", key)
