@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The microvm backend's host pieces, idempotent and offline (only the Debian mirror):
 #   * apt: qemu-system-x86 (QEMU 7.2 in bookworm), e2fsprogs
-#   * the guest kernel: vmlinuz from Debian's linux-image-cloud-amd64, downloaded with
-#     apt-get download and extracted (never installed on the host)
-#   * the base initramfs: busybox-static, the virtio modules of that kernel (the cloud
-#     kernel builds them as modules) and sandlot's guest init (src/sandlot/backends/
-#     microvm/guest-init.sh); the backend appends the runner to it at start, so a change
-#     to the runner never rebuilds the disk image
+#   * the guest kernel: vmlinuz from Debian's linux-image-cloud-amd64 in bookworm-backports
+#     (6.12: tmpfs keeps user.* extended attributes from 6.6, and sandlot stores file
+#     metadata in them), downloaded with apt-get download through an apt configuration and
+#     state of its own in the cache, and extracted: never installed, and the host's apt
+#     sources, lists and packages are untouched (nothing on it comes from backports)
+#   * the base initramfs: busybox-static, the virtio drivers that kernel builds as modules
+#     (decompressed: busybox's insmod takes plain .ko files) and sandlot's guest init
+#     (src/sandlot/backends/microvm/guest-init.sh); the backend appends the runner to it
+#     at start, so a change to the runner never rebuilds the disk image
 #   * the template's root filesystem, an ext4 image the VM mounts read-only: the same
 #     Debian base as the container backends (scripts/setup-docker.sh's package list,
 #     built with mmdebstrap, reusing its cached tarball) laid out by the container
@@ -24,6 +27,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 MIRROR="${SANDLOT_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 KERNEL_PACKAGE="${SANDLOT_VM_KERNEL_PACKAGE:-linux-image-cloud-amd64}"
+KERNEL_SUITE="${SANDLOT_VM_KERNEL_SUITE:-bookworm-backports}"
 # Kept equal to scripts/setup-docker.sh's BASE_PACKAGES: its cached tarball is reused.
 BASE_PACKAGES="python3,python3-venv,python3-numpy,python3-pandas,python3-matplotlib,python3-munkres,\
 python3-scipy,python3-seaborn,python3-sklearn,python3-openpyxl,ipython3,fonts-dejavu-core,\
@@ -38,6 +42,7 @@ command -v qemu-system-x86_64 >/dev/null || packages+=(qemu-system-x86)
 command -v mkfs.ext4 >/dev/null || packages+=(e2fsprogs)
 command -v mmdebstrap >/dev/null || packages+=(mmdebstrap)
 command -v cpio >/dev/null || packages+=(cpio)
+command -v xz >/dev/null || packages+=(xz-utils)
 if ((${#packages[@]})); then
   log "apt-get install ${packages[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -46,16 +51,39 @@ if ((${#packages[@]})); then
 fi
 
 # --- the kernel and the base initramfs ---------------------------------------------
-kernel_deb=$(apt-cache depends "$KERNEL_PACKAGE" | awk '/Depends: linux-image-/ {print $2; exit}')
-[[ -n "$kernel_deb" ]] || { echo "no kernel package behind $KERNEL_PACKAGE (apt-get update?)" >&2; exit 1; }
+# The kernel comes from $KERNEL_SUITE through an apt configuration and state of its own
+# (in $OUT/apt): it lists that suite only, and neither reads nor writes the host's
+# sources, lists, preferences or package status, so the host's apt never sees backports.
+kernel_apt_dir="$OUT/apt"
+mkdir -p "$kernel_apt_dir"/{lists/partial,cache/archives/partial,sources.list.d,preferences.d}
+cat >"$kernel_apt_dir/sources.list.d/kernel.sources" <<EOF
+Types: deb
+URIs: $MIRROR
+Suites: $KERNEL_SUITE
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+kernel_apt=(-o Dir::Etc::sourcelist=/dev/null -o "Dir::Etc::sourceparts=$kernel_apt_dir/sources.list.d"
+  -o Dir::Etc::preferences=/dev/null -o "Dir::Etc::preferencesparts=$kernel_apt_dir/preferences.d"
+  -o "Dir::State::Lists=$kernel_apt_dir/lists" -o "Dir::Cache=$kernel_apt_dir/cache"
+  -o Dir::State::status=/dev/null)
+if ! apt-get "${kernel_apt[@]}" update -qq >"$kernel_apt_dir/update.log" 2>&1; then
+  # Offline with lists from an earlier run: they name the kernel the cache was built for.
+  compgen -G "$kernel_apt_dir/lists/*_Packages*" >/dev/null \
+    || { cat "$kernel_apt_dir/update.log" >&2; echo "cannot fetch $KERNEL_SUITE's package list from $MIRROR" >&2; exit 1; }
+  log "cannot refresh $KERNEL_SUITE's package list; using the one from an earlier run"
+fi
+kernel_deb=$(apt-cache "${kernel_apt[@]}" depends "$KERNEL_PACKAGE" | awk '/Depends: linux-image-/ {print $2; exit}')
+[[ -n "$kernel_deb" ]] || { echo "no kernel package behind $KERNEL_PACKAGE in $KERNEL_SUITE" >&2; exit 1; }
 busybox_version=$(apt-cache policy busybox-static | awk '/Candidate:/ {print $2}')
 init_hash=$(sha256sum src/sandlot/backends/microvm/guest-init.sh | cut -c1-12)
 boot_key=$(printf '%s %s %s' "$kernel_deb" "$busybox_version" "$init_hash" | sha256sum | cut -c1-12)
 if [[ ! -s "$OUT/vmlinuz-$boot_key" || ! -s "$OUT/initrd-$boot_key.cpio" ]]; then
-  log "guest kernel $kernel_deb and base initramfs (key $boot_key)"
+  log "guest kernel $kernel_deb ($KERNEL_SUITE) and base initramfs (key $boot_key)"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  (cd "$work" && apt-get download -qq "$kernel_deb" busybox-static 2>/dev/null)
+  (cd "$work" && apt-get "${kernel_apt[@]}" download -qq "$kernel_deb" 2>/dev/null)
+  (cd "$work" && apt-get download -qq busybox-static 2>/dev/null)
   dpkg-deb -x "$work"/linux-image-*.deb "$work/kernel"
   dpkg-deb -x "$work"/busybox-static_*.deb "$work/busybox"
   root="$work/initrd"
@@ -65,11 +93,24 @@ if [[ ! -s "$OUT/vmlinuz-$boot_key" || ! -s "$OUT/initrd-$boot_key.cpio" ]]; the
     ln -s busybox "$root/bin/$applet"
   done
   modules=$(ls -d "$work"/kernel/lib/modules/*)
-  # Order matters: insmod loads no dependencies.
+  # The drivers the guest needs, in dependency order (busybox's insmod resolves none);
+  # the guest init loads those listed in load-order. One the kernel builds in is left
+  # out; one it has neither way fails here rather than at every boot.
+  : >"$root/lib/modules/load-order"
   for m in virtio/virtio_ring virtio/virtio virtio/virtio_pci_modern_dev \
            virtio/virtio_pci_legacy_dev virtio/virtio_pci virtio/virtio_mmio \
            block/virtio_blk char/virtio_console; do
-    cp "$modules/kernel/drivers/$m.ko" "$root/lib/modules/"
+    ko="$modules/kernel/drivers/$m.ko"
+    grep -qx "kernel/drivers/$m.ko" "$modules/modules.builtin" && continue
+    if [[ -f "$ko" ]]; then
+      cp "$ko" "$root/lib/modules/"
+    elif [[ -f "$ko.xz" ]]; then
+      xz -dc "$ko.xz" >"$root/lib/modules/${m##*/}.ko"
+    else
+      echo "the guest kernel $kernel_deb has no ${m##*/} driver, built in or as a module" >&2
+      exit 1
+    fi
+    echo "${m##*/}" >>"$root/lib/modules/load-order"
   done
   install -m 0755 src/sandlot/backends/microvm/guest-init.sh "$root/init"
   (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet --owner 0:0) \

@@ -9,6 +9,7 @@ bash scripts/setup-docker.sh
 bash scripts/setup-vm.sh
 # test_escapes_with_egress.py is not among them: it builds bwrap sandboxes only; microvm egress is tests/microvm/test_egress.py.
 MICROVM_SUITES="tests/integration/test_behaviour.py tests/integration/test_roundtrip.py
+tests/integration/test_file_metadata.py
 tests/escape/test_controls.py tests/escape/test_environment.py tests/escape/test_filesystem.py
 tests/escape/test_network.py tests/escape/test_privilege.py tests/escape/test_python_tricks.py
 tests/escape/test_user_quotas.py"

@@ -224,10 +224,6 @@ MICROVM_LEFT_OUT: dict[str, str] = {
     "test_watch.py": _TIME,
     "test_ipython.py": _TIME,
     "test_bash_contexts.py": _TIME,
-    "test_file_metadata.py": (
-        "metadata is stored in user.* extended attributes, which tmpfs (the VM's /home/user) "
-        "supports from Linux 6.6; the guest kernel is Debian bookworm's 6.1 (EOPNOTSUPP)"
-    ),
 }
 """``module::test`` (or a whole ``module``) of the ``all_backends`` suites not run against
 microvm, with the reason (docs/microvm.md lists them): under TCG every instruction is

@@ -11,11 +11,10 @@ fail() { echo "sandlot guest init: $*" >&2; exit 1; }
 mount -t devtmpfs dev /dev || fail "cannot mount /dev"
 mount -t proc proc /proc || fail "cannot mount /proc"
 mount -t sysfs sys /sys || fail "cannot mount /sys"
-for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci \
-         virtio_mmio virtio_blk virtio_console; do
-  # In dependency order (insmod resolves none). One that fails (built in on another
-  # kernel) is reported; a missing device is what fails the boot, below.
-  insmod /lib/modules/$m.ko || echo "sandlot guest init: insmod $m failed" >&2
+# The virtio drivers the kernel builds as modules, in dependency order (insmod resolves
+# none); scripts/setup-vm.sh lists them, leaving out those built in.
+for m in $(cat /lib/modules/load-order); do
+  insmod /lib/modules/$m.ko || fail "cannot load the $m driver"
 done
 disk_mb=1024
 tmp_mb=256
