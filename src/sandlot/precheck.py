@@ -56,6 +56,7 @@ import ast
 import re
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -350,7 +351,7 @@ def check(code: str, *, allowed_imports: frozenset[str] | None = None) -> Preche
         raise TypeError(f"code must be str, not {type(code).__name__}")
     extra: list[Finding] = []
     try:
-        tree = ast.parse(code)
+        tree = _parse(code)
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
         # Maybe IPython cell syntax (the kernel runs it when the template has IPython):
         # check the Python that is left, and report the shell-outs and magics.
@@ -358,7 +359,7 @@ def check(code: str, *, allowed_imports: frozenset[str] | None = None) -> Preche
         parsed = None
         if view is not None:
             try:
-                parsed = ast.parse(view[0])
+                parsed = _parse(view[0])
             except (SyntaxError, ValueError):
                 parsed = None
         if parsed is None or view is None:
@@ -369,6 +370,17 @@ def check(code: str, *, allowed_imports: frozenset[str] | None = None) -> Preche
     checker.visit(tree)
     findings = sorted([*checker.findings.values(), *extra], key=lambda f: (f.line, f.col, f.rule))
     return PrecheckReport(findings=tuple(findings), syntax_ok=True)
+
+
+_PARSE_LOCK = threading.Lock()
+
+
+def _parse(code: str) -> ast.Module:
+    """``ast.parse``, one thread at a time: CPython before 3.12 keeps the AST builder's
+    recursion depth per interpreter, so two threads parsing at once can fail with
+    ``SystemError: AST constructor recursion depth mismatch`` (CPython gh-106905)."""
+    with _PARSE_LOCK:
+        return ast.parse(code)
 
 
 def _syntax_finding(exc: Exception) -> Finding:
