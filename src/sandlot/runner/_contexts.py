@@ -776,6 +776,13 @@ def _death_cause(code: int, stopped: bool) -> "tuple[str, str, str]":
     return "KernelDiedError", "died", "the kernel exited (status %s); %s" % (code, lost)
 
 
+def _urandom_words(count: int) -> Any:
+    """``count`` random uint32 words from the kernel's CSPRNG, as a numpy array (numpy
+    is imported: ``numpy.random`` is)."""
+    numpy = sys.modules["numpy"]
+    return numpy.frombuffer(os.urandom(4 * count), dtype=numpy.uint32)
+
+
 def become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, argv: List[str]) -> None:
     """In a freshly forked child: set up the process like a spawned kernel (``argv`` is
     the command line it would have been started with), run it, exit."""
@@ -804,10 +811,12 @@ def become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, argv: List[str
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         sys.argv = ["-c", *args]
         # Fresh randomness: forked interpreters would otherwise share numpy's global
-        # generator state (``random`` re-seeds itself after a fork).
+        # generator state (``random`` re-seeds itself after a fork). Seeded with a full
+        # MT19937 state's worth of os.urandom (624 words): ``seed()`` without an argument
+        # gathers only 128 bits, through a SeedSequence, and costs 20 times as much.
         numpy_random = sys.modules.get("numpy.random")
         if numpy_random is not None:
-            numpy_random.seed()
+            numpy_random.seed(_urandom_words(624))
         tempfile = sys.modules.get("tempfile")
         if tempfile is not None:
             tempfile._name_sequence = None  # type: ignore[attr-defined]
