@@ -9,6 +9,7 @@ cell's timeout (SIGINT, then a kill and a restart after the grace period).
 
 from __future__ import annotations
 
+import array
 import contextlib
 import ctypes
 import functools
@@ -776,13 +777,6 @@ def _death_cause(code: int, stopped: bool) -> "tuple[str, str, str]":
     return "KernelDiedError", "died", "the kernel exited (status %s); %s" % (code, lost)
 
 
-def _urandom_words(count: int) -> Any:
-    """``count`` random uint32 words from the kernel's CSPRNG, as a numpy array (numpy
-    is imported: ``numpy.random`` is)."""
-    numpy = sys.modules["numpy"]
-    return numpy.frombuffer(os.urandom(4 * count), dtype=numpy.uint32)
-
-
 def become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, argv: List[str]) -> None:
     """In a freshly forked child: set up the process like a spawned kernel (``argv`` is
     the command line it would have been started with), run it, exit."""
@@ -811,12 +805,16 @@ def become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, argv: List[str
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         sys.argv = ["-c", *args]
         # Fresh randomness: forked interpreters would otherwise share numpy's global
-        # generator state (``random`` re-seeds itself after a fork). Seeded with a full
-        # MT19937 state's worth of os.urandom (624 words): ``seed()`` without an argument
-        # gathers only 128 bits, through a SeedSequence, and costs 20 times as much.
+        # generator state (``random`` re-seeds itself after a fork). A full MT19937
+        # state (624 words) straight from os.urandom, through ``set_state``: in a fresh
+        # fork, ``seed()`` (128 bits through a SeedSequence) and ``seed(array)`` (checked
+        # with ufuncs) each touch 130-180 pages of the zygote's memory (a copy-on-write
+        # fault each) and cost ~0.5 ms; this touches ~55. Position 624: the next draw
+        # regenerates the whole state; no cached Gaussian.
         numpy_random = sys.modules.get("numpy.random")
         if numpy_random is not None:
-            numpy_random.seed(_urandom_words(624))
+            key = array.array("I", os.urandom(4 * 624))
+            numpy_random.set_state(("MT19937", key, 624, 0, 0.0))
         tempfile = sys.modules.get("tempfile")
         if tempfile is not None:
             tempfile._name_sequence = None  # type: ignore[attr-defined]
