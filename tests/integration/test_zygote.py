@@ -185,6 +185,24 @@ print(json.dumps(out))
     assert 0 not in outcome.values(), outcome
 
 
+def test_a_forked_kernel_holds_only_its_own_descriptors(make: Callable[..., Sandbox]) -> None:
+    # Forked, a kernel inherits every descriptor of its supervisor (the host channel,
+    # the cgroup and sysctl files, other kernels' pipes) and must close all but its
+    # stdin, stdout, stderr and its own socket to the supervisor.
+    fds = _json(
+        make(),
+        """
+        import json, os
+        names = os.listdir("/proc/self/fd")  # its own descriptor is gone by now
+        print(json.dumps({n: os.readlink("/proc/self/fd/" + n) for n in names
+                          if os.path.exists("/proc/self/fd/" + n)}))
+        """,
+    )
+    assert sorted(fds)[:3] == ["0", "1", "2"] and len(fds) == 4, fds
+    assert fds["0"] == "/dev/null" and fds["1"].startswith("pipe:"), fds
+    assert [target for fd, target in fds.items() if fd not in "012"][0].startswith("socket:")
+
+
 def test_siblings_do_not_share_random_state(make: Callable[..., Sandbox]) -> None:
     code = (
         "import json, random, numpy, uuid, tempfile\n"

@@ -62,6 +62,42 @@ def signal_all(pids: List[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+"""The C library, loaded once (in a zygote, once for every process forked from it)."""
+
+
+def libc() -> ctypes.CDLL:
+    """The C library (shared: a fresh ``CDLL`` in each forked process cost ~0.15 ms)."""
+    return _LIBC
+
+
+def close_all_but(keep: Set[int]) -> None:
+    """Close every descriptor except ``keep``, in a process just forked.
+
+    With ``close_range(2)`` over the gaps between the kept ones (Linux 5.9+): a few
+    system calls, where listing ``/proc/self/fd`` and closing one by one cost a forked
+    process ~0.25 ms, most of it copy-on-write faults. Where the call is missing or
+    refused, every descriptor still open is closed the slow way."""
+    try:
+        close_range = _LIBC.close_range
+    except AttributeError:
+        close_range = None
+    if close_range is not None:
+        low = 0
+        for fd in [*sorted(keep), None]:
+            high = 0xFFFFFFFF if fd is None else fd - 1
+            if low <= high and close_range(ctypes.c_uint(low), ctypes.c_uint(high), 0) != 0:
+                break
+            low = 0 if fd is None else fd + 1
+        else:
+            return
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def set_cmdline(argv: List[str]) -> None:
     """Make ``/proc/self/cmdline`` read ``argv`` (what a cold sandbox's process shows),
     by rewriting the argument area in place, as ps-title tools do. The area cannot

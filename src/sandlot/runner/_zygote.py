@@ -79,7 +79,7 @@ from typing import Any, Dict, List, Optional
 
 from sandlot.protocol import PROTOCOL_VERSION
 from sandlot.protocol.layout import HOME
-from sandlot.runner._processes import set_cmdline
+from sandlot.runner._processes import close_all_but, set_cmdline
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -406,7 +406,7 @@ def _child(
 ) -> int:
     """The sandbox's pid 1, just forked into its new pid namespace: the other new
     namespaces, then :func:`_sandbox_init`."""
-    _close_all_but({0, 1, 2, channel_fd})
+    close_all_but({0, 1, 2, channel_fd})
     sock = socket.socket(fileno=channel_fd)
     # Who we are, in credentials the kernel checks and translates into the host's pid
     # namespace. Sent first: the host moves that pid into the sandbox's cgroup (which
@@ -420,14 +420,6 @@ def _child(
     except SetupFailed as exc:
         os.write(2, ("sandlot zygote: cannot isolate the sandbox: %s\n" % exc).encode())
         return 70
-
-
-def _close_all_but(keep: "set[int]") -> None:
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd not in keep:
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 def _sandbox_init(
