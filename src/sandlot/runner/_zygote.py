@@ -79,7 +79,7 @@ from typing import Any, Dict, List, Optional
 
 from sandlot.protocol import PROTOCOL_VERSION
 from sandlot.protocol.layout import HOME
-from sandlot.runner._processes import close_all_but, set_cmdline
+from sandlot.runner._processes import argument_area, close_all_but, set_cmdline
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -184,6 +184,7 @@ def main(argv: List[str]) -> int:
         return 70
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     _last_cap()  # read here once, not in every sandbox
+    argument_area()  # likewise
     own_pid_ns = _enter_own_pid_namespace(control)
     configure = json.loads(control.recv(MAX_PACKET) or b"null")
     if not isinstance(configure, dict) or configure.get("type") != "configure":
