@@ -75,7 +75,7 @@ import signal
 import socket
 import struct
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from sandlot.protocol import PROTOCOL_VERSION
 from sandlot.protocol.layout import HOME
@@ -277,6 +277,10 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
+_HOME_FILES: List[Tuple[str, bytes]] = []
+"""The template's matplotlib files for a new home, read once here for every sandbox."""
+
+
 def _preload(names: List[str]) -> None:
     """Import the runner and the preload modules once, for every sandbox to come."""
     # Both roles every sandbox runs: its supervisor, and its kernel forked from it.
@@ -286,7 +290,8 @@ def _preload(names: List[str]) -> None:
     # cache from there when it is imported, which is now. Each sandbox gets its own
     # fresh copy of the same files in its own /home/user.
     try:
-        _supervisor._prepare_home(os.environ.get("HOME", HOME))
+        _HOME_FILES[:] = _supervisor.home_files()
+        _supervisor._prepare_home(os.environ.get("HOME", HOME), _HOME_FILES)
     except OSError as exc:
         sys.stderr.write("sandlot zygote: could not copy matplotlib settings: %s\n" % exc)
     # The kernel's own preload (headless matplotlib, errors on stderr, gc.freeze()).
@@ -475,7 +480,7 @@ def _sandbox_init(
     # pages may be charged to the zygote's cgroup, like the ones this process copied.
     home_ready: Optional[str] = os.environ.get("HOME", HOME)
     try:
-        _supervisor._prepare_home(str(home_ready))
+        _supervisor._prepare_home(str(home_ready), _HOME_FILES or None)
     except OSError as exc:
         home_ready = None  # the supervisor tries again, and says why if it fails
         os.write(2, ("sandlot zygote: matplotlib settings: %s\n" % exc).encode())
