@@ -6,7 +6,9 @@ counters once killed) from ``/proc/<pid>/stat``, before and after ``--n`` sequen
 starts, and prints CPU ms per start with the create -> first result p50. With
 ``--perf``, the zygote's side is counted by ``perf stat -e task-clock`` attached to
 it (nanoseconds, children included) rather than in clock ticks. Uses the
-public API only, so an older sandlot is measured the same way (``PYTHONPATH``)::
+public API only, so an older sandlot is measured the same way (``PYTHONPATH``).
+The first cell also reads, from inside the sandbox, the CPU (schedstat) and minor
+faults of its pid 1 (the supervisor) and of its kernel so far: medians are printed::
 
     .venv/bin/python bench/startcpu.py --n 60
 """
@@ -24,6 +26,20 @@ import time
 from sandlot import Sandbox
 
 TICK = os.sysconf("SC_CLK_TCK")
+PROBE = """
+def faults(pid):
+    return open("/proc/%s/stat" % pid).read().rsplit(")", 1)[1].split()[7]
+def ran(pid):
+    return open("/proc/%s/schedstat" % pid).read().split()[0]
+import os
+print(faults(1), faults(os.getpid()), ran(1), ran(os.getpid()))
+"""
+PROBED = (
+    ("pid1_faults", 1),
+    ("kernel_faults", 1),
+    ("pid1_cpu_ms", 1e6),
+    ("kernel_cpu_ms", 1e6),
+)
 
 
 def _descendants(root: int) -> list[int]:
@@ -93,13 +109,16 @@ def main() -> int:
     perf = _attach_perf() if args.perf else None
     before = _tree_cpu()
     host_before = time.process_time()
-    latencies = []
+    latencies: list[float] = []
+    probes: list[list[int]] = []
     for _ in range(args.n):
         started = time.perf_counter()
         sbx = Sandbox(timeout=60)
-        if sbx.run_code("1 + 1").text != "2":
-            raise RuntimeError("wrong answer")
+        execution = sbx.run_code(PROBE)
         latencies.append((time.perf_counter() - started) * 1000)
+        if execution.error is not None or len(execution.logs.stdout) != 1:
+            raise RuntimeError(f"the probe failed: {execution.error!r}")
+        probes.append([int(x) for x in execution.logs.stdout[0].split()])
         sbx.kill()
     time.sleep(0.5)  # the killed sandboxes are reaped into the zygote's counters
     after = _tree_cpu()
@@ -117,6 +136,10 @@ def main() -> int:
                 "host_ms": round(host, 2),
                 **extra,
                 "p50_ms": round(statistics.median(latencies), 2),
+                **{
+                    name: round(statistics.median(p[i] for p in probes) / scale, 2)
+                    for i, (name, scale) in enumerate(PROBED)
+                },
                 "load": os.getloadavg()[0],
             }
         )
