@@ -114,6 +114,21 @@ def test_stdout_streams_to_the_callback_as_produced(sandbox: Sandbox) -> None:
     assert execution.logs.stderr == ["oops\n"]
 
 
+def test_a_partial_line_streams_while_the_cell_runs(fresh_sandbox: Sandbox) -> None:
+    # The kernel starts the thread that streams stale partial lines only when the first
+    # one is buffered: this is that first one, in the sandbox's first cell.
+    arrivals: list[tuple[float, str]] = []
+    execution = fresh_sandbox.run_code(
+        "import time\nprint('working', end='')\ntime.sleep(1.0)\nprint(' done')\n",
+        on_stdout=lambda m: arrivals.append((time.monotonic(), m.line)),
+    )
+    ended = time.monotonic()
+    _ok(execution)
+    assert "".join(line for _, line in arrivals) == "working done\n"
+    assert arrivals[0][1] == "working"
+    assert ended - arrivals[0][0] > 0.7  # well before the cell ended, not with it
+
+
 def test_output_of_child_processes_is_captured(sandbox: Sandbox) -> None:
     execution = _ok(
         sandbox.run_code(

@@ -185,6 +185,42 @@ print(json.dumps(out))
     assert 0 not in outcome.values(), outcome
 
 
+def test_a_forked_kernel_holds_only_its_own_descriptors(make: Callable[..., Sandbox]) -> None:
+    # Forked, a kernel inherits every descriptor of its supervisor (the host channel,
+    # the cgroup and sysctl files, other kernels' pipes) and must close all but its
+    # stdin, stdout, stderr and its own socket to the supervisor.
+    fds = _json(
+        make(),
+        """
+        import json, os
+        names = os.listdir("/proc/self/fd")  # its own descriptor is gone by now
+        print(json.dumps({n: os.readlink("/proc/self/fd/" + n) for n in names
+                          if os.path.exists("/proc/self/fd/" + n)}))
+        """,
+    )
+    others = [target for fd, target in fds.items() if fd not in ("0", "1", "2")]
+    assert len(fds) == 4 and len(others) == 1 and others[0].startswith("socket:"), fds
+    assert fds["0"] == "/dev/null" and fds["1"].startswith("pipe:"), fds
+
+
+def test_a_forked_sandbox_gets_the_templates_matplotlib_files(make: Callable[..., Sandbox]) -> None:
+    # Read once by the zygote, written by each sandbox's pid 1 into its fresh home.
+    files = _json(
+        make(),
+        """
+        import json, os
+        share = "/opt/sandlot/template/share/matplotlib"
+        pairs = [(share + "/matplotlibrc", "~/.config/matplotlib/matplotlibrc")]
+        pairs += [(share + "/cache/" + n, "~/.cache/matplotlib/" + n)
+                  for n in os.listdir(share + "/cache") if n.endswith(".json")]
+        print(json.dumps([[open(a, "rb").read() == open(os.path.expanduser(b), "rb").read(),
+                           os.stat(os.path.expanduser(b)).st_uid == os.getuid()]
+                          for a, b in pairs]))
+        """,
+    )
+    assert len(files) >= 2 and all(same and ours for same, ours in files), files
+
+
 def test_siblings_do_not_share_random_state(make: Callable[..., Sandbox]) -> None:
     code = (
         "import json, random, numpy, uuid, tempfile\n"

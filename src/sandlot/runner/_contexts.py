@@ -9,8 +9,8 @@ cell's timeout (SIGINT, then a kill and a restart after the grace period).
 
 from __future__ import annotations
 
+import array
 import contextlib
-import ctypes
 import functools
 import heapq
 import itertools
@@ -28,7 +28,14 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol
 
 from sandlot.protocol import MAX_LINE_BYTES, encode, loads
 from sandlot.runner import BOOTSTRAP
-from sandlot.runner._processes import Forked, Processes, set_cmdline, signal_all
+from sandlot.runner._processes import (
+    Forked,
+    Processes,
+    close_all_but,
+    libc,
+    set_cmdline,
+    signal_all,
+)
 
 PR_SET_DUMPABLE = 4
 READ_BYTES = 64 * 1024
@@ -788,12 +795,7 @@ def become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, argv: List[str
         os.dup2(null, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        keep = {0, 1, 2, sock_fd}
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            if fd not in keep:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        close_all_but({0, 1, 2, sock_fd})
         os.set_inheritable(sock_fd, False)
         os.chdir(cwd)
         # What a new interpreter would have: SIGPIPE ignored (Python's default), every
@@ -801,13 +803,19 @@ def become_kernel(sock_fd: int, out_w: int, err_w: int, cwd: str, argv: List[str
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+        libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         sys.argv = ["-c", *args]
         # Fresh randomness: forked interpreters would otherwise share numpy's global
-        # generator state (``random`` re-seeds itself after a fork).
+        # generator state (``random`` re-seeds itself after a fork). A full MT19937
+        # state (624 words) straight from os.urandom, through ``set_state``: in a fresh
+        # fork, ``seed()`` (128 bits through a SeedSequence) and ``seed(array)`` (checked
+        # with ufuncs) each touch 130-180 pages of the zygote's memory (a copy-on-write
+        # fault each) and cost ~0.5 ms; this touches ~55. Position 624: the next draw
+        # regenerates the whole state; no cached Gaussian.
         numpy_random = sys.modules.get("numpy.random")
         if numpy_random is not None:
-            numpy_random.seed()
+            key = array.array("I", os.urandom(4 * 624))
+            numpy_random.set_state(("MT19937", key, 624, 0, 0.0))
         tempfile = sys.modules.get("tempfile")
         if tempfile is not None:
             tempfile._name_sequence = None  # type: ignore[attr-defined]

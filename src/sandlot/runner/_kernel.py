@@ -118,6 +118,8 @@ class EventStream(io.TextIOBase):
             urgent = "\n" in text or self.size >= 8192
         if urgent:
             self.flush()
+        elif not self.kernel.flusher_started:
+            self.kernel.start_flusher()
         return len(text)
 
     def flush(self) -> None:
@@ -191,6 +193,8 @@ class Kernel:
         self.bash = _bash.BashSession() if config.get("language") == "bash" else None
         """A bash context's session (None: a Python context)."""
         self.cell_envs: Dict[str, str] = {}
+        self.flusher_lock = threading.Lock()
+        self.flusher_started = False
 
     # --- events -----------------------------------------------------------------------
     def emit(self, message: Dict[str, Any], hold: bool = False) -> None:
@@ -291,8 +295,21 @@ class Kernel:
             # needs it (IPython syntax, get_ipython(), an import of IPython).
             self.namespace["get_ipython"] = self._get_ipython
             builtins.get_ipython = self._get_ipython  # type: ignore[attr-defined]
-        flusher = threading.Thread(target=self._flush_loop, name="sandlot-flush", daemon=True)
-        flusher.start()
+
+    def start_flusher(self) -> None:
+        """Start the thread that streams a partial line once it is stale: when the first
+        one is buffered, not at start-up, so a sandbox whose output ends in newlines
+        never starts it (a thread's start, and its wake-ups every FLUSH_INTERVAL while
+        the sandbox idles, are CPU every sandbox paid)."""
+        with self.flusher_lock:
+            if self.flusher_started:
+                return
+            flusher = threading.Thread(target=self._flush_loop, name="sandlot-flush", daemon=True)
+            try:
+                flusher.start()
+            except RuntimeError:
+                return  # no thread to be had (user code used them up): the cell's end flushes
+            self.flusher_started = True
 
     def _flush_loop(self) -> None:
         while True:

@@ -62,13 +62,62 @@ def signal_all(pids: List[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+"""The C library, loaded once (in a zygote, once for every process forked from it)."""
+
+
+def libc() -> ctypes.CDLL:
+    """The C library (shared: a fresh ``CDLL`` in each forked process cost ~0.15 ms)."""
+    return _LIBC
+
+
+def close_all_but(keep: Set[int]) -> None:
+    """Close every descriptor except ``keep``, in a process just forked.
+
+    With ``close_range(2)`` over the gaps between the kept ones (Linux 5.9+): a few
+    system calls, where listing ``/proc/self/fd`` and closing one by one cost a forked
+    process ~0.25 ms, most of it copy-on-write faults. Where the call is missing or
+    refused, every descriptor still open is closed the slow way."""
+    try:
+        close_range = _LIBC.close_range
+    except AttributeError:
+        close_range = None
+    if close_range is not None:
+        low = 0
+        for fd in [*sorted(keep), None]:
+            high = 0xFFFFFFFF if fd is None else fd - 1
+            if low <= high and close_range(ctypes.c_uint(low), ctypes.c_uint(high), 0) != 0:
+                break
+            low = 0 if fd is None else fd + 1
+        else:
+            return
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+_ARGUMENT_AREA: List[int] = []
+"""This process's argument area, once read: a fork keeps it where it was (no exec)."""
+
+
+def argument_area() -> Tuple[int, int]:
+    """Where ``/proc/self/cmdline`` is read from: ``(arg_start, arg_end)``. Read once;
+    the zygote reads it before it forks, so its sandboxes' processes do not (reading
+    and parsing ``/proc/self/stat`` cost a forked process ~0.2 ms)."""
+    if not _ARGUMENT_AREA:
+        with open("/proc/self/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        _ARGUMENT_AREA[:] = [int(fields[45]), int(fields[46])]  # stat fields 48, 49
+    return _ARGUMENT_AREA[0], _ARGUMENT_AREA[1]
+
+
 def set_cmdline(argv: List[str]) -> None:
     """Make ``/proc/self/cmdline`` read ``argv`` (what a cold sandbox's process shows),
     by rewriting the argument area in place, as ps-title tools do. The area cannot
     grow: arguments that do not fit are dropped from the end."""
-    with open("/proc/self/stat", "rb") as handle:
-        fields = handle.read().rsplit(b")", 1)[1].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (stat fields 48, 49)
+    start, end = argument_area()
     room = end - start
     data = b""
     for arg in argv:

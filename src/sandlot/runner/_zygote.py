@@ -75,11 +75,11 @@ import signal
 import socket
 import struct
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from sandlot.protocol import PROTOCOL_VERSION
 from sandlot.protocol.layout import HOME
-from sandlot.runner._processes import set_cmdline
+from sandlot.runner._processes import argument_area, close_all_but, set_cmdline
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -184,6 +184,7 @@ def main(argv: List[str]) -> int:
         return 70
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     _last_cap()  # read here once, not in every sandbox
+    argument_area()  # likewise
     own_pid_ns = _enter_own_pid_namespace(control)
     configure = json.loads(control.recv(MAX_PACKET) or b"null")
     if not isinstance(configure, dict) or configure.get("type") != "configure":
@@ -276,6 +277,10 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
+_HOME_FILES: List[Tuple[str, bytes]] = []
+"""The template's matplotlib files for a new home, read once here for every sandbox."""
+
+
 def _preload(names: List[str]) -> None:
     """Import the runner and the preload modules once, for every sandbox to come."""
     # Both roles every sandbox runs: its supervisor, and its kernel forked from it.
@@ -285,7 +290,8 @@ def _preload(names: List[str]) -> None:
     # cache from there when it is imported, which is now. Each sandbox gets its own
     # fresh copy of the same files in its own /home/user.
     try:
-        _supervisor._prepare_home(os.environ.get("HOME", HOME))
+        _HOME_FILES[:] = _supervisor.home_files()
+        _supervisor._prepare_home(os.environ.get("HOME", HOME), _HOME_FILES)
     except OSError as exc:
         sys.stderr.write("sandlot zygote: could not copy matplotlib settings: %s\n" % exc)
     # The kernel's own preload (headless matplotlib, errors on stderr, gc.freeze()).
@@ -406,7 +412,7 @@ def _child(
 ) -> int:
     """The sandbox's pid 1, just forked into its new pid namespace: the other new
     namespaces, then :func:`_sandbox_init`."""
-    _close_all_but({0, 1, 2, channel_fd})
+    close_all_but({0, 1, 2, channel_fd})
     sock = socket.socket(fileno=channel_fd)
     # Who we are, in credentials the kernel checks and translates into the host's pid
     # namespace. Sent first: the host moves that pid into the sandbox's cgroup (which
@@ -420,14 +426,6 @@ def _child(
     except SetupFailed as exc:
         os.write(2, ("sandlot zygote: cannot isolate the sandbox: %s\n" % exc).encode())
         return 70
-
-
-def _close_all_but(keep: "set[int]") -> None:
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd not in keep:
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 def _sandbox_init(
@@ -482,7 +480,7 @@ def _sandbox_init(
     # pages may be charged to the zygote's cgroup, like the ones this process copied.
     home_ready: Optional[str] = os.environ.get("HOME", HOME)
     try:
-        _supervisor._prepare_home(str(home_ready))
+        _supervisor._prepare_home(str(home_ready), _HOME_FILES or None)
     except OSError as exc:
         home_ready = None  # the supervisor tries again, and says why if it fails
         os.write(2, ("sandlot zygote: matplotlib settings: %s\n" % exc).encode())
