@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import codecs
 import contextlib
-import ctypes
 import functools
 import json
 import os
@@ -58,6 +57,7 @@ from sandlot.runner._background import Background
 from sandlot.runner._contexts import Deadlines, KernelProcess, OutputBudget, Prestarted
 from sandlot.runner._files import Files, FilesError
 from sandlot.runner._processes import Forked, Processes
+from sandlot.runner._processes import libc as _shared_libc
 from sandlot.runner._watch import Watches
 
 BATCH_BYTES = 64 * 1024
@@ -717,7 +717,7 @@ def run(
     caller has already given the template's matplotlib files (not copied again).
     ``prestarted``: the default kernel is already running and waits for its
     configuration (a restored microVM's)."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _shared_libc()
     # Not dumpable: user code (same uid, no capabilities) can then neither ptrace this
     # process nor open its /proc/<pid>/fd, mem or environ, nor take its host socket
     # with pidfd_getfd. Kernels and commands are exec'ed (or, forked, made dumpable)

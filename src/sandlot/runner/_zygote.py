@@ -79,7 +79,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from sandlot.protocol import PROTOCOL_VERSION
 from sandlot.protocol.layout import HOME
-from sandlot.runner._processes import argument_area, close_all_but, set_cmdline
+from sandlot.runner._processes import argument_area, close_all_but, libc, set_cmdline
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -141,7 +141,7 @@ class SetupFailed(Exception):
     """A step that isolates a new sandbox failed; the sandbox must not run."""
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
+_libc = libc()  # the one CDLL every process forked from the zygote shares
 
 
 def _check(rc: int, what: str) -> None:
