@@ -289,6 +289,18 @@ def test_not_implemented_calls_raise_the_sdks_errors(wire: Wire) -> None:
         sbx.kill()
 
 
+def test_mcp_is_refused_as_the_sdk_reports_a_gateway_failure(wire: Wire) -> None:
+    """E2B code that asks for MCP servers gets the SDK's own failure text, and no
+    sandbox is left running behind the refusal."""
+    from e2b import Sandbox, SandboxException, SandboxQuery, SandboxState
+
+    metadata = {"mcp-refusal": uuid.uuid4().hex}
+    with pytest.raises(SandboxException, match="Failed to start MCP gateway"):
+        Sandbox.create(timeout=60, metadata=metadata, mcp={"some_server": {}}, **wire.opts())
+    query = SandboxQuery(state=[SandboxState.RUNNING], metadata=metadata)
+    assert Sandbox.list(query=query, **wire.opts()).next_items() == []
+
+
 def test_async_clients(wire: Wire) -> None:
     async def main() -> None:
         from e2b import AsyncSandbox as PlainAsync

@@ -202,7 +202,6 @@ class ConnectBody(_Loose):
 
 
 _UNSUPPORTED = {
-    "mcp": "MCP servers",
     "iam": "IAM tokens",
     "volumeMounts": "volumes",
     "autoResume": "auto-resume (sandlot does not pause sandboxes yet)",
@@ -377,6 +376,16 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         registry = registry_of(request)
         raw = await _json(request)
         body: NewSandbox = _body(NewSandbox, raw)
+        if raw.get("mcp"):
+            # The E2B SDK starts its MCP gateway itself after the create and reports a
+            # failure as "Failed to start MCP gateway: ..."; code written for E2B matches
+            # on that text. sandlot refuses before any sandbox exists, so none is left.
+            raise ApiError(
+                400,
+                "InvalidArgumentError",
+                "Failed to start MCP gateway: sandlot sandboxes run no MCP gateway "
+                "(create the sandbox without mcp=)",
+            )
         unsupported = [label for key, label in _UNSUPPORTED.items() if raw.get(key)]
         if unsupported:
             raise ApiError(
