@@ -20,10 +20,16 @@ packet)::
 
     host   -> zygote  {"type": "configure", "preload": [...]}
     zygote -> host    {"type": "ready", "version": PROTOCOL_VERSION, "vm_bytes": ...}
-    host   -> zygote  {"type": "spawn", "id": ..., "mounts": [[path, bytes|null, mode]],
-                       "hostname": ..., "quotas": {"user": {name: n}, "rlimits": {name: n}}}
-                      + SCM_RIGHTS: the new sandbox's channel
+    host   -> zygote  {"type": "spawn", "id": <random>} + SCM_RIGHTS: the new sandbox's channel
     zygote -> host    {"type": "spawned", "id": ...} | {"type": "failed", "id": ..., "message": ...}
+
+The new sandbox's own settings never pass through the zygote: the host writes them on
+the sandbox's channel before it asks for the fork, and the forked process reads them
+there (:func:`read_setup`), as one frame: a 4-byte big-endian length, then JSON
+``{"mounts": [[path, bytes|null, mode]], "hostname": ..., "quotas": {"user": {name: n},
+"rlimits": {name: n}}}``. The zygote's memory, which every later sandbox inherits,
+so holds no earlier sandbox's settings (not even freed copies), and the request ids
+are random, not a count of the sandboxes made before.
 
 What one ``spawn`` does, in the new sandbox's first process (its pid 1):
 
@@ -115,6 +121,9 @@ MOVE_YOURSELF = b"\1"
 PROC_COVERS = ("sys", "sysrq-trigger", "irq", "bus")
 """What bubblewrap mounts read-only over a sandbox's /proc; a zygote child does the same."""
 MAX_PACKET = 1 << 16
+SETUP_HEADER = struct.Struct(">I")
+"""The length before a new sandbox's setup frame on its channel."""
+MAX_SETUP = 1 << 16
 RLIMITS = {"msgqueue": resource.RLIMIT_MSGQUEUE, "sigpending": resource.RLIMIT_SIGPENDING}
 """The rlimits a spawn request may set (soft and hard) in the new sandbox."""
 USER_LIMITS = ("max_inotify_instances", "max_inotify_watches", "max_user_namespaces")
@@ -352,9 +361,6 @@ def _serve(
     if request.get("type") != "spawn" or len(fds) != 1:
         raise ValueError("expected a spawn request with one descriptor")
     rid = request.get("id")
-    mounts = [(str(p), None if s is None else int(s), str(m)) for p, s, m in request["mounts"]]
-    hostname = str(request.get("hostname") or "sandlot")
-    quotas = _quotas(request.get("quotas"))
     # The next fork lands in a new pid namespace as its pid 1; then back to our own,
     # or the next unshare would fail (only allowed while they are the same).
     _check(_libc.unshare(CLONE_NEWPID), "unshare pid namespace")
@@ -371,7 +377,7 @@ def _serve(
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             control.close()
-            code = _child(fds[0], mounts, hostname, program, quotas)
+            code = _child(fds[0], program)
         except BaseException as exc:
             with contextlib.suppress(BaseException):
                 os.write(2, ("sandlot zygote: sandbox setup failed: %r\n" % (exc,)).encode())
@@ -403,15 +409,35 @@ def _back_to(own_pid_ns: int) -> None:
 # --- a new sandbox ------------------------------------------------------------------------
 
 
-def _child(
-    channel_fd: int,
-    mounts: List[Any],
-    hostname: str,
-    program: bytes,
-    quotas: Dict[str, Dict[str, int]],
-) -> int:
-    """The sandbox's pid 1, just forked into its new pid namespace: the other new
-    namespaces, then :func:`_sandbox_init`."""
+def read_setup(sock: socket.socket) -> Tuple[List[Any], str, Dict[str, Dict[str, int]]]:
+    """This sandbox's settings, from the frame the host wrote on its channel before it
+    asked for the fork: tmpfs mounts, hostname, quotas (checked). Read to the byte, so
+    nothing of the host's next message (the cgroup move, which carries descriptors) is
+    taken with it."""
+    (size,) = SETUP_HEADER.unpack(_read_exactly(sock, SETUP_HEADER.size))
+    if size > MAX_SETUP:
+        raise SetupFailed("a setup frame of %d bytes" % size)
+    setup = json.loads(_read_exactly(sock, size))
+    if not isinstance(setup, dict):
+        raise SetupFailed("the setup frame is not an object")
+    mounts = [(str(p), None if s is None else int(s), str(m)) for p, s, m in setup["mounts"]]
+    hostname = str(setup.get("hostname") or "sandlot")
+    return mounts, hostname, _quotas(setup.get("quotas"))
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise SetupFailed("the channel closed before the sandbox's settings arrived")
+        data += chunk
+    return data
+
+
+def _child(channel_fd: int, program: bytes) -> int:
+    """The sandbox's pid 1, just forked into its new pid namespace: its settings from
+    its channel, the other new namespaces, then :func:`_sandbox_init`."""
     close_all_but({0, 1, 2, channel_fd})
     sock = socket.socket(fileno=channel_fd)
     # Who we are, in credentials the kernel checks and translates into the host's pid
@@ -421,6 +447,7 @@ def _child(
     ucred = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
     sock.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, ucred)])
     try:
+        mounts, hostname, quotas = read_setup(sock)
         _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
         return _sandbox_init(sock, mounts, hostname, program, quotas)
     except SetupFailed as exc:

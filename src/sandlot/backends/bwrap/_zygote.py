@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import resource
+import secrets
 import select
 import signal
 import socket
@@ -258,7 +259,9 @@ class Zygote:
         self._forks: list[_ForkedSandbox] = []
         self._pending = 0
         """Forks requested whose process is not in :attr:`_forks` yet (each holds a share)."""
-        self._ids = 0
+        self._abandoned: set[str] = set()
+        """Ids of spawn requests whose replies have not been read (given up on after
+        the control socket's timeout): skipped when they come."""
         self._closed = False
         self._retired = False
         self._last_spawn = time.monotonic()
@@ -294,6 +297,7 @@ class Zygote:
         assert bwrap is not None
         template = ensure_template(self.template, progress=say)
         sweep_once()
+        self._abandoned.clear()  # a new zygote: no reply of the last one will come
         spec = SandboxSpec(template=self.template, resources=ZYGOTE_RESOURCES)
         # The zygote's own host ids, for its whole life: its sandboxes' quotas are
         # charged to them (module docstring), so they are shared with nothing else.
@@ -364,6 +368,9 @@ class Zygote:
             failed.callback(host_sock.close)
             with child_sock:
                 host_sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                # The sandbox's settings go on its own channel, read by the fork: the
+                # zygote never holds them, so no later sandbox inherits a copy.
+                host_sock.sendall(self._setup_frame(spec))
                 self._request_fork(spec, child_sock.fileno())  # reserves a share
             try:
                 # While the zygote forks: the sandbox's cgroup, then (where we move the
@@ -430,13 +437,23 @@ class Zygote:
             )
         return handle
 
+    def _setup_frame(self, spec: SandboxSpec) -> bytes:
+        """The new sandbox's settings as ``runner/_zygote.py``'s ``read_setup`` reads them."""
+        r = spec.resources
+        setup = {
+            "mounts": [
+                ["/tmp", _bytes(r.tmp_mb), "1777"],
+                ["/dev/shm", _bytes(r.tmp_mb), "1777"],
+                [HOME, _bytes(r.disk_mb), "0755"],
+            ],
+            "hostname": "sandlot",
+            "quotas": self._shares.request(),
+        }
+        body = json.dumps(setup).encode()
+        return struct.pack(">I", len(body)) + body
+
     def _request_fork(self, spec: SandboxSpec, fd: int) -> None:
         r = spec.resources
-        mounts: list[list[Any]] = [
-            ["/tmp", _bytes(r.tmp_mb), "1777"],
-            ["/dev/shm", _bytes(r.tmp_mb), "1777"],
-            [HOME, _bytes(r.disk_mb), "0755"],
-        ]
         with self._lock:
             if self._retired:
                 raise _ZygoteFull  # retired meanwhile (idle): another one, or cold
@@ -455,15 +472,12 @@ class Zygote:
                 if limit - used < max(ZYGOTE_MIN_ROOM, limit // 16):
                     raise _ZygoteFull
             self._pending += 1  # spawn() gives it back once the fork is counted or failed
-            self._ids += 1
+            # Random, not a count: the zygote's memory (which the next fork inherits)
+            # then says nothing of how many sandboxes it made before.
+            rid = secrets.token_hex(8)
+            self._abandoned.add(rid)  # until its reply is read
             self._last_spawn = time.monotonic()
-            request = {
-                "type": "spawn",
-                "id": self._ids,
-                "mounts": mounts,
-                "hostname": "sandlot",
-                "quotas": self._shares.request(),
-            }
+            request = {"type": "spawn", "id": rid}
             fds = array.array("i", [fd])
             try:
                 self._control.sendmsg(
@@ -473,12 +487,14 @@ class Zygote:
                 reply = json.loads(self._control.recv(65536) or b"{}")
                 # Replies to requests given up on earlier (the zygote answered after the
                 # timeout) come first; their sandboxes found their channel closed and exited.
-                while isinstance(reply.get("id"), int) and reply["id"] < self._ids:
+                while reply.get("id") != rid and reply.get("id") in self._abandoned:
+                    self._abandoned.discard(reply["id"])
                     reply = json.loads(self._control.recv(65536) or b"{}")
+                self._abandoned.discard(rid)
             except (OSError, ValueError) as exc:
                 self._pending -= 1
                 raise SandboxStartError(f"the zygote failed ({exc}): {self._stderr()}") from exc
-            if reply.get("type") != "spawned" or reply.get("id") != self._ids:
+            if reply.get("type") != "spawned" or reply.get("id") != rid:
                 self._pending -= 1
                 raise SandboxStartError(
                     f"the zygote could not fork a sandbox: {reply.get('message')}"
