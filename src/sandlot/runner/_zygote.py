@@ -299,6 +299,12 @@ def _preload(names: List[str]) -> None:
     # Every kernel makes an IPython shell (when the template has IPython): import it
     # here once rather than in each sandbox's first cell.
     _shell.preload()
+    # A few trivial cells through the kernel's own code, so that each sandbox's first
+    # cell costs what its later ones do (nothing per sandbox is made here).
+    try:
+        _kernel.warm_up()
+    except Exception as exc:  # purely for speed: the sandboxes work without it
+        sys.stderr.write("sandlot zygote: kernel warm-up failed: %r\n" % (exc,))
     importlib.invalidate_caches()
     gc.collect()
     gc.freeze()
