@@ -237,8 +237,9 @@ print(json.dumps({
 def test_the_zygotes_warm_up_cells_leave_nothing_for_the_first_cell(
     make: Callable[..., Sandbox],
 ) -> None:
-    # The zygote runs a few trivial cells through the kernel's code before it forks
-    # (runner/_kernel.py warm_up) and exercises the shell's bookkeeping: a sandbox's
+    # The zygote runs a few trivial cells through the supervisor's and the kernel's code
+    # before it forks (runner/_zygote.py _warm_up) and exercises the shell's bookkeeping
+    # (runner/_shell.py _warm_up): a sandbox's
     # first cell must find what a cold sandbox's first cell finds (no `_`, no earlier
     # cells' source, execution count 1, an empty input history).
     cold = make("bwrap").run_code(FIRST_CELL, timeout=60)

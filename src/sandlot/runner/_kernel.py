@@ -659,46 +659,6 @@ def main(argv: List[str]) -> int:
     return 0
 
 
-WARM_UP_CELLS = 16
-"""Cells :func:`warm_up` runs: CPython 3.11 quickens a function's code after 8 calls."""
-
-
-def warm_up(cells: int = WARM_UP_CELLS) -> None:
-    """Run ``1 + 1`` cells through a throwaway kernel, in a zygote before it forks.
-
-    A kernel forked from the zygote then finds the cell path ready: C library handles
-    looked up, the code of every function on the way quickened and specialised by the
-    interpreter, lazily built state built. Without it, each sandbox's first cell did
-    that work itself, in memory shared with the zygote (copy-on-write faults), and
-    cost ~2 ms against ~0.3 ms for the next. Nothing of it stays: the kernel, its
-    namespace (a module of its own, not the shell's prestarted one) and its cells'
-    source lines are dropped; no user code runs, and nothing random or per sandbox is
-    made here (each kernel's own state is made after its fork)."""
-    ours, theirs = socket.socketpair()
-    try:
-        kernel = Kernel(Channel(theirs.detach()), {}, types.ModuleType("__main__"))
-        for number in range(cells):
-            ours.sendall(
-                encode(
-                    {
-                        "type": "execute",
-                        "id": "warm-up-%d" % number,
-                        "code": "1 + 1",
-                        "envs": {},
-                        "silent": False,
-                    }
-                )
-            )
-        ours.sendall(encode({"type": "shutdown"}))
-        kernel.run()
-        kernel.channel.reader.close()
-        kernel.channel.sock.close()
-    finally:
-        ours.close()
-        for number in range(cells + 1):
-            linecache.cache.pop("<cell-%d>" % number, None)
-
-
 def _preload(names: List[str]) -> None:
     """Import modules for the user (a warm pool's data stack), leaving no trace in the
     cell namespace: they land in ``sys.modules`` only, as after any ``import``.
