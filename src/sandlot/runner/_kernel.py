@@ -599,11 +599,19 @@ def _c_fflush() -> None:
     _fflush(None)
 
 
+_BOXPLOT_CHECKED: List[Any] = []
+"""The pyplot module :func:`_accept_boxplot_labels` has done, once a process (a zygote
+does it before it forks: reading the signature cost each forked kernel ~0.3 ms)."""
+
+
 def _accept_boxplot_labels(pyplot: Any) -> None:
     """``boxplot(labels=...)``, the spelling matplotlib used until 3.9 (and most code
     written for E2B and by models still uses), works on a matplotlib that removed it:
     it is passed on as ``tick_labels`` (``plt.boxplot`` and ``Axes.boxplot``). A
-    matplotlib that still has ``labels`` is left alone."""
+    matplotlib that still has ``labels`` is left alone. Once per pyplot module."""
+    if any(done is pyplot for done in _BOXPLOT_CHECKED):
+        return
+    _BOXPLOT_CHECKED.append(pyplot)
     with contextlib.suppress(Exception):
         import inspect
 
