@@ -618,8 +618,7 @@ def _own_user_namespace(sysctl_fd: int, quotas: Dict[str, Dict[str, int]]) -> No
             ("setgroups", "deny"),
             ("gid_map", "%d %d 1\n" % (gid, gid)),
         ):
-            with open("/proc/self/" + name, "w") as handle:
-                handle.write(text)
+            _write_proc("/proc/self/" + name, text.encode())
     finally:
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     for name, value in sorted(quotas["user"].items()):
@@ -630,9 +629,8 @@ def _own_user_namespace(sysctl_fd: int, quotas: Dict[str, Dict[str, int]]) -> No
             os.write(fd, b"%d" % value)
         finally:
             os.close(fd)
-        with open("/proc/sys/user/" + name) as handle:
-            if int(handle.read()) != value:
-                raise SetupFailed("user.%s did not take its value" % name)
+        if int(_read_proc("/proc/sys/user/" + name)) != value:
+            raise SetupFailed("user.%s did not take its value" % name)
     for name, value in sorted(quotas["rlimits"].items()):
         resource.setrlimit(RLIMITS[name], (value, value))
 
@@ -672,11 +670,60 @@ def _drop_privileges(program: bytes) -> None:
         _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
         "install the seccomp filter",
     )
-    with open("/proc/self/status") as handle:
-        status = handle.read()
-    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
-        if int(fields.get(key, "1").strip(), 16) != 0:
-            raise SetupFailed("%s is not empty after dropping capabilities" % key)
-    if fields.get("NoNewPrivs", "").strip() != "1" or fields.get("Seccomp", "").strip() != "2":
-        raise SetupFailed("no_new_privs or the seccomp filter is not in place")
+    problem = _unprivileged(_read_proc("/proc/self/status"))
+    if problem is not None:
+        raise SetupFailed(problem)
+
+
+def _unprivileged(status: bytes) -> Optional[str]:
+    """What ``/proc/self/status`` (its bytes) says is left of the process's privileges
+    (a capability set not empty, no no_new_privs, no seccomp filter), None if nothing.
+    A line that is missing or unreadable counts as privileges left."""
+    fields: Dict[bytes, bytes] = {}
+    for line in status.split(b"\n"):
+        key, colon, value = line.partition(b":")
+        if colon and key in _STATUS_CHECKED:
+            fields[key] = value.strip()
+    for key in _CAPABILITY_SETS:
+        try:
+            empty = int(fields.get(key, b"1"), 16) == 0
+        except ValueError:
+            empty = False
+        if not empty:
+            return "%s is not empty after dropping capabilities" % key.decode()
+    if fields.get(b"NoNewPrivs") != b"1" or fields.get(b"Seccomp") != b"2":
+        return "no_new_privs or the seccomp filter is not in place"
+    return None
+
+
+_CAPABILITY_SETS = (b"CapInh", b"CapPrm", b"CapEff", b"CapBnd", b"CapAmb")
+_STATUS_CHECKED = frozenset((*_CAPABILITY_SETS, b"NoNewPrivs", b"Seccomp"))
+"""The lines of ``/proc/self/status`` :func:`_drop_privileges` checks."""
+
+
+# /proc files through plain descriptors: the few files a new sandbox's pid 1 reads and
+# writes while it isolates itself cost it, through open() (text and buffer layers made
+# in a fresh fork), ~60 copy-on-write faults more.
+
+
+def _write_proc(path: str, data: bytes) -> None:
+    """``data`` to a /proc file in one write(2), as id maps must be written."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if os.write(fd, data) != len(data):
+            raise SetupFailed("%s: short write" % path)
+    finally:
+        os.close(fd)
+
+
+def _read_proc(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: List[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
