@@ -250,6 +250,12 @@ def test_the_zygotes_warm_up_cells_leave_nothing_for_the_first_cell(
     assert seen == json.loads("".join(cold.logs.stdout))
     assert "_" not in seen["names"] and seen["cells"] == ["<cell-1>"], seen
     assert seen["count"] == 1 and seen["history"] == [[""], [""]], seen
+    # And the warm-up did run: the kernel's C library lookup, which a cold kernel makes
+    # at its first cell's end, is already there in the forked one.
+    probe = "import sys; print(sys.modules['sandlot.runner._kernel']._fflush is not None)"
+    first = make().run_code(probe, timeout=60)
+    assert first.logs.stdout == ["True\n"], first
+    assert make("bwrap").run_code(probe, timeout=60).logs.stdout == ["False\n"]
 
 
 def test_siblings_do_not_share_random_state(make: Callable[..., Sandbox]) -> None:

@@ -99,9 +99,11 @@ def _warm_up(shell: Any, rounds: int = 16) -> None:
         history.input_hist_raw  # noqa: B018 - made on first access
         history.input_hist_parsed  # noqa: B018
         count = shell.execution_count
-        for value in range(count + 1, count + 1 + rounds):
-            shell.execution_count = value
-        shell.execution_count = count
+        try:
+            for value in range(count + 1, count + 1 + rounds):
+                shell.execution_count = value
+        finally:
+            shell.execution_count = count
 
 
 def prestarted_main() -> Optional[types.ModuleType]:

@@ -5,8 +5,9 @@ no network, uid 1000, the sandbox seccomp filter minus ``mount``, ``unshare``,
 ``setns`` and ``sethostname``), as
 ``python -I -c <bootstrap> zygote --fd N --filter-fd M``, with CAP_SYS_ADMIN,
 CAP_NET_ADMIN and CAP_SETPCAP in *its own* user namespace and none on the host. It
-imports the preload modules once, freezes them out of the garbage collector, says
-``ready`` and then only forks. It never runs user code.
+imports the preload modules once, runs a few ``1 + 1`` cells of its own through a
+throwaway supervisor and kernel (:func:`_warm_up`), freezes it all out of the garbage
+collector, says ``ready`` and then only forks. It never runs user code.
 
 It first moves into a pid namespace of its own (``unshare`` and one fork, before any
 import). That namespace belongs to the user namespace the zygote holds CAP_SYS_ADMIN
@@ -359,7 +360,8 @@ def _warm_up(cells: int = WARM_UP_CELLS) -> None:
             if supervisor.start_cell(decode(line, HOST_REQUESTS), line) is not None:
                 raise RuntimeError("the warm-up kernel did not take its cell")
             request = kernel.channel.receive()
-            assert request is not None
+            if request is None:
+                raise RuntimeError("the warm-up kernel's socket closed")
             kernel.execute(request)
             events = supervisor_end.recv(_contexts.READ_BYTES)
             with supervisor.batched():
