@@ -221,6 +221,43 @@ def test_a_forked_sandbox_gets_the_templates_matplotlib_files(make: Callable[...
     assert len(files) >= 2 and all(same and ours for same, ours in files), files
 
 
+FIRST_CELL = """
+import json, linecache, sys
+names = sorted(k for k in vars(sys.modules["__main__"]) if not k.startswith("__"))
+shell = get_ipython()
+print(json.dumps({
+    "names": names,
+    "cells": sorted(k for k in linecache.cache if k.startswith("<cell-")),
+    "count": shell.execution_count,
+    "history": [shell.history_manager.input_hist_raw, shell.history_manager.input_hist_parsed],
+}))
+"""
+
+
+def test_the_zygotes_warm_up_cells_leave_nothing_for_the_first_cell(
+    make: Callable[..., Sandbox],
+) -> None:
+    # The zygote runs a few trivial cells through the supervisor's and the kernel's code
+    # before it forks (runner/_zygote.py _warm_up) and exercises the shell's bookkeeping
+    # (runner/_shell.py _warm_up): a sandbox's
+    # first cell must find what a cold sandbox's first cell finds (no `_`, no earlier
+    # cells' source, execution count 1, an empty input history).
+    cold = make("bwrap").run_code(FIRST_CELL, timeout=60)
+    warm = make().run_code(FIRST_CELL, timeout=60)
+    assert cold.error is None and warm.error is None, (cold.error, warm.error)
+    assert warm.execution_count == cold.execution_count == 1
+    seen = json.loads("".join(warm.logs.stdout))
+    assert seen == json.loads("".join(cold.logs.stdout))
+    assert "_" not in seen["names"] and seen["cells"] == ["<cell-1>"], seen
+    assert seen["count"] == 1 and seen["history"] == [[""], [""]], seen
+    # And the warm-up did run: the kernel's C library lookup, which a cold kernel makes
+    # at its first cell's end, is already there in the forked one.
+    probe = "import sys; print(sys.modules['sandlot.runner._kernel']._fflush is not None)"
+    first = make().run_code(probe, timeout=60)
+    assert first.logs.stdout == ["True\n"], first
+    assert make("bwrap").run_code(probe, timeout=60).logs.stdout == ["False\n"]
+
+
 def test_siblings_do_not_share_random_state(make: Callable[..., Sandbox]) -> None:
     code = (
         "import json, random, numpy, uuid, tempfile\n"

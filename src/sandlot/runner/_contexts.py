@@ -322,7 +322,16 @@ class Cell:
 class KernelProcess:
     """A kernel subprocess for one code context, and the thread that listens to it."""
 
-    def __init__(self, supervisor: Host, context_id: str, cwd: str, language: str) -> None:
+    def __init__(
+        self,
+        supervisor: Host,
+        context_id: str,
+        cwd: str,
+        language: str,
+        sock: Optional[socket.socket] = None,
+    ) -> None:
+        """``sock``: no kernel process is started; the kernel is whatever answers on
+        this socket (a zygote's warm-up, :func:`sandlot.runner._zygote._warm_up`)."""
         self.supervisor = supervisor
         self.context_id = context_id
         self.cwd = cwd
@@ -335,7 +344,11 @@ class KernelProcess:
         self.proc: "Optional[subprocess.Popen[bytes] | Forked]" = None
         self.preloaded = threading.Event()
         """Set when the kernel has imported the configured ``preload`` modules."""
-        self.launch()
+        if sock is None:
+            self.launch()
+        else:
+            self.sock = sock
+            self.pipes: Dict[int, str] = {}
 
     def describe(self) -> Dict[str, Any]:
         return {"id": self.context_id, "language": self.language, "cwd": self.cwd}

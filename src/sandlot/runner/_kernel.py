@@ -20,7 +20,6 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
-import ctypes
 import errno
 import gc
 import importlib
@@ -41,6 +40,7 @@ from typing import Any, Dict, List, Optional, Set
 
 from sandlot.protocol import encode, loads
 from sandlot.runner import _bash, _display, _limits, _shell
+from sandlot.runner._processes import libc
 
 FLUSH_INTERVAL = 0.05
 """Seconds a partial line may wait in the buffer before it is streamed anyway."""
@@ -171,7 +171,9 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
 
 
 class Kernel:
-    def __init__(self, channel: Channel, config: Dict[str, Any]) -> None:
+    def __init__(
+        self, channel: Channel, config: Dict[str, Any], main: Optional[types.ModuleType] = None
+    ) -> None:
         self.channel = channel
         self.in_cell = False
         self.config = config
@@ -180,7 +182,7 @@ class Kernel:
         # The cells' namespace is the ``__main__`` module's, as in a notebook: what a
         # cell defines pickles by reference (``multiprocessing`` workers find it).
         # (In a kernel forked from a zygote, the one of the shell made there.)
-        self.main = _shell.prestarted_main() or types.ModuleType("__main__")
+        self.main = main or _shell.prestarted_main() or types.ModuleType("__main__")
         self.namespace: Dict[str, Any] = self.main.__dict__
         self.namespace["__builtins__"] = builtins
         self.shell: Optional[Any] = None
@@ -588,19 +590,28 @@ _fflush: Any = None
 
 
 def _c_fflush() -> None:
-    """``fflush(NULL)``: C stdio buffers of extensions out into the pipes. The libc
-    handle is made once (making one defines a class: tens of microseconds a cell)."""
+    """``fflush(NULL)``: C stdio buffers of extensions out into the pipes. Through the
+    runner's one C library handle, looked up once (a kernel forked from a zygote finds
+    it looked up there: making a ``CDLL`` of its own cost its first cell ~0.4 ms)."""
     global _fflush
     if _fflush is None:
-        _fflush = ctypes.CDLL(None).fflush
+        _fflush = libc().fflush
     _fflush(None)
+
+
+_BOXPLOT_CHECKED: List[Any] = []
+"""The pyplot module :func:`_accept_boxplot_labels` has done, once a process (a zygote
+does it before it forks: reading the signature cost each forked kernel ~0.3 ms)."""
 
 
 def _accept_boxplot_labels(pyplot: Any) -> None:
     """``boxplot(labels=...)``, the spelling matplotlib used until 3.9 (and most code
     written for E2B and by models still uses), works on a matplotlib that removed it:
     it is passed on as ``tick_labels`` (``plt.boxplot`` and ``Axes.boxplot``). A
-    matplotlib that still has ``labels`` is left alone."""
+    matplotlib that still has ``labels`` is left alone. Once per pyplot module."""
+    if any(done is pyplot for done in _BOXPLOT_CHECKED):
+        return
+    _BOXPLOT_CHECKED.append(pyplot)
     with contextlib.suppress(Exception):
         import inspect
 

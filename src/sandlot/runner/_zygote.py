@@ -5,8 +5,9 @@ no network, uid 1000, the sandbox seccomp filter minus ``mount``, ``unshare``,
 ``setns`` and ``sethostname``), as
 ``python -I -c <bootstrap> zygote --fd N --filter-fd M``, with CAP_SYS_ADMIN,
 CAP_NET_ADMIN and CAP_SETPCAP in *its own* user namespace and none on the host. It
-imports the preload modules once, freezes them out of the garbage collector, says
-``ready`` and then only forks. It never runs user code.
+imports the preload modules once, runs a few ``1 + 1`` cells of its own through a
+throwaway supervisor and kernel (:func:`_warm_up`), freezes it all out of the garbage
+collector, says ``ready`` and then only forks. It never runs user code.
 
 It first moves into a pid namespace of its own (``unshare`` and one fork, before any
 import). That namespace belongs to the user namespace the zygote holds CAP_SYS_ADMIN
@@ -74,6 +75,7 @@ import ctypes
 import gc
 import importlib
 import json
+import linecache
 import os
 import resource
 import select
@@ -81,6 +83,7 @@ import signal
 import socket
 import struct
 import sys
+import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from sandlot.protocol import PROTOCOL_VERSION
@@ -305,13 +308,83 @@ def _preload(names: List[str]) -> None:
         sys.stderr.write("sandlot zygote: could not copy matplotlib settings: %s\n" % exc)
     # The kernel's own preload (headless matplotlib, errors on stderr, gc.freeze()).
     _kernel._preload(names)
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:  # what every kernel's import hook would do to it (~0.3 ms)
+        _kernel._accept_boxplot_labels(pyplot)
     # Every kernel makes an IPython shell (when the template has IPython): import it
     # here once rather than in each sandbox's first cell.
     _shell.preload()
+    # A few trivial cells through the supervisor's and the kernel's own code, so that
+    # each sandbox's first cell costs what its later ones do.
+    try:
+        _warm_up()
+    except Exception as exc:  # purely for speed: the sandboxes work without it
+        sys.stderr.write("sandlot zygote: warm-up failed: %r\n" % (exc,))
     importlib.invalidate_caches()
     gc.collect()
     gc.freeze()
     _collapse_to_huge_pages()
+
+
+WARM_UP_CELLS = 16
+"""Cells :func:`_warm_up` runs: CPython 3.11 quickens a function's code after 8 calls."""
+
+
+def _warm_up(cells: int = WARM_UP_CELLS) -> None:
+    """Run ``1 + 1`` cells from a host's ``execute`` line to the supervisor's reply,
+    through a throwaway supervisor and kernel in this process, before any fork.
+
+    Every sandbox's first cell otherwise built the same state itself (C library
+    lookups, lazily made objects, the interpreter's quickening of each function on the
+    way) in memory it shares with the zygote, one copy-on-write fault at a time: its
+    first cell cost ~2 ms against ~0.5 ms for the next. Nothing of it stays: both
+    objects, their sockets, the kernel's namespace (a module of its own, not the
+    shell's prestarted one) and the cells' source lines are dropped, and the shell is
+    left as it was (:func:`_shell.preload`). No user code runs, no thread starts (the
+    supervisor's deadline thread is not started: the deadlines are only added and
+    cancelled), and nothing random or per sandbox is made: each sandbox makes its own
+    after its fork."""
+    from sandlot.protocol import HOST_REQUESTS, decode, encode
+    from sandlot.runner import _contexts, _kernel, _supervisor
+
+    host, ours = socket.socketpair()
+    supervisor_end, kernel_end = socket.socketpair()
+    home = os.environ.get("HOME", HOME)
+    supervisor = _supervisor.Supervisor(ours, None, {"workdir": home})
+    kernel = _kernel.Kernel(_kernel.Channel(kernel_end.detach()), {}, types.ModuleType("__main__"))
+    try:
+        context = _contexts.KernelProcess(supervisor, "default", home, "python", supervisor_end)
+        supervisor.kernels["default"] = context
+        for number in range(cells):
+            line = encode(
+                {
+                    "type": "execute",
+                    "id": "warm-up-%d" % number,
+                    "code": "1 + 1",
+                    "context": "default",
+                    "envs": {},
+                    "timeout": 60.0,
+                }
+            )
+            if supervisor.start_cell(decode(line, HOST_REQUESTS), line) is not None:
+                raise RuntimeError("the warm-up kernel did not take its cell")
+            request = kernel.channel.receive()
+            if request is None:
+                raise RuntimeError("the warm-up kernel's socket closed")
+            kernel.execute(request)
+            events = supervisor_end.recv(_contexts.READ_BYTES)
+            with supervisor.batched():
+                for event in events.split(b"\n")[:-1]:
+                    context.on_kernel_event(event, -1, -1, set())
+            host.recv(1 << 16)
+    finally:
+        supervisor.files.close()
+        kernel.channel.reader.close()
+        kernel.channel.sock.close()
+        for sock in (host, ours, supervisor_end):
+            sock.close()
+        for number in range(cells + 1):
+            linecache.cache.pop("<cell-%d>" % number, None)
 
 
 def _collapse_to_huge_pages() -> None:
@@ -574,8 +647,7 @@ def _own_user_namespace(sysctl_fd: int, quotas: Dict[str, Dict[str, int]]) -> No
             ("setgroups", "deny"),
             ("gid_map", "%d %d 1\n" % (gid, gid)),
         ):
-            with open("/proc/self/" + name, "w") as handle:
-                handle.write(text)
+            _write_proc("/proc/self/" + name, text.encode())
     finally:
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     for name, value in sorted(quotas["user"].items()):
@@ -586,9 +658,8 @@ def _own_user_namespace(sysctl_fd: int, quotas: Dict[str, Dict[str, int]]) -> No
             os.write(fd, b"%d" % value)
         finally:
             os.close(fd)
-        with open("/proc/sys/user/" + name) as handle:
-            if int(handle.read()) != value:
-                raise SetupFailed("user.%s did not take its value" % name)
+        if int(_read_proc("/proc/sys/user/" + name)) != value:
+            raise SetupFailed("user.%s did not take its value" % name)
     for name, value in sorted(quotas["rlimits"].items()):
         resource.setrlimit(RLIMITS[name], (value, value))
 
@@ -628,11 +699,60 @@ def _drop_privileges(program: bytes) -> None:
         _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
         "install the seccomp filter",
     )
-    with open("/proc/self/status") as handle:
-        status = handle.read()
-    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
-        if int(fields.get(key, "1").strip(), 16) != 0:
-            raise SetupFailed("%s is not empty after dropping capabilities" % key)
-    if fields.get("NoNewPrivs", "").strip() != "1" or fields.get("Seccomp", "").strip() != "2":
-        raise SetupFailed("no_new_privs or the seccomp filter is not in place")
+    problem = _unprivileged(_read_proc("/proc/self/status"))
+    if problem is not None:
+        raise SetupFailed(problem)
+
+
+def _unprivileged(status: bytes) -> Optional[str]:
+    """What ``/proc/self/status`` (its bytes) says is left of the process's privileges
+    (a capability set not empty, no no_new_privs, no seccomp filter), None if nothing.
+    A line that is missing or unreadable counts as privileges left."""
+    fields: Dict[bytes, bytes] = {}
+    for line in status.split(b"\n"):
+        key, colon, value = line.partition(b":")
+        if colon and key in _STATUS_CHECKED:
+            fields[key] = value.strip()
+    for key in _CAPABILITY_SETS:
+        try:
+            empty = int(fields.get(key, b"1"), 16) == 0
+        except ValueError:
+            empty = False
+        if not empty:
+            return "%s is not empty after dropping capabilities" % key.decode()
+    if fields.get(b"NoNewPrivs") != b"1" or fields.get(b"Seccomp") != b"2":
+        return "no_new_privs or the seccomp filter is not in place"
+    return None
+
+
+_CAPABILITY_SETS = (b"CapInh", b"CapPrm", b"CapEff", b"CapBnd", b"CapAmb")
+_STATUS_CHECKED = frozenset((*_CAPABILITY_SETS, b"NoNewPrivs", b"Seccomp"))
+"""The lines of ``/proc/self/status`` :func:`_drop_privileges` checks."""
+
+
+# /proc files through plain descriptors: the few files a new sandbox's pid 1 reads and
+# writes while it isolates itself cost it, through open() (text and buffer layers made
+# in a fresh fork), ~60 copy-on-write faults more.
+
+
+def _write_proc(path: str, data: bytes) -> None:
+    """``data`` to a /proc file in one write(2), as id maps must be written."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if os.write(fd, data) != len(data):
+            raise SetupFailed("%s: short write" % path)
+    finally:
+        os.close(fd)
+
+
+def _read_proc(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: List[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
