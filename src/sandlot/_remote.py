@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import json
 import os
+import select
 import socket
 import ssl
 import threading
@@ -875,6 +876,8 @@ class CellSocket:
         self._head_tail = b""  # its last 3 bytes read (its end may straddle two reads)
         self._exact = False  # the handshake's response was read to its end exactly
         self._frames = bytearray()  # received, not parsed yet (while _fast)
+        self._quiet = select.poll()  # whether anything arrived between cells
+        self._quiet.register(sock, select.POLLIN)
 
     @classmethod
     def connect(cls, base_url: str, key: str, sandbox_id: str) -> CellSocket:
@@ -1042,7 +1045,17 @@ class CellSocket:
         and nothing from the server pending but pings (a close, the end of the stream)."""
         if self.closed or time.monotonic() - self.used > SOCKET_IDLE:
             return False
+        if self._fast and not self._frames and not self._quiet.poll(0):
+            # Nothing arrived (the usual case): one poll, where a non-blocking read would
+            # cost two timeout changes and an exception. (Not on TLS, whose socket may
+            # hold decrypted bytes that poll does not see; there _fast is False.)
+            return True
         try:
+            for event in self._pending():  # what came in behind the last cell's end
+                if isinstance(event, ws.Ping):
+                    self._sock.sendall(self._ws.send(event.response()))
+                else:
+                    return False
             self._sock.settimeout(0.0)
             while True:
                 data = self._sock.recv(64 * 1024)
@@ -1066,7 +1079,8 @@ class CellSocket:
         if the server ends the connection."""
         self.used = time.monotonic()
         self.busy = True
-        self._sock.settimeout(wait)
+        if self._sock.gettimeout() != wait:
+            self._sock.settimeout(wait)
         request = json.dumps({"type": "execute", **body})
         try:
             if self._fast:

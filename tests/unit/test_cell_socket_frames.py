@@ -10,8 +10,10 @@ server sends right behind its handshake are not lost in the hand-over.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -156,6 +158,43 @@ def test_a_frame_that_is_not_utf_8_closes_the_connection() -> None:
     try:
         with pytest.raises(ConnectionError, match="1007"):
             list(sock.cell({"code": "1"}, 10))
+    finally:
+        sock.close()
+        thread.join(10)
+    assert not failures, failures
+
+
+def test_between_cells_a_ping_keeps_the_connection_and_a_close_ends_it() -> None:
+    """``alive()``, asked before each cell: a keepalive ping that came meanwhile is
+    answered and the connection reused; a close (the server's idle close) means a new
+    connection, not a cell sent into one that is ending."""
+    sent_ping = threading.Event()
+    sent_close = threading.Event()
+
+    def script(peer: _Peer) -> None:
+        for event in peer.events():
+            if isinstance(event, ws.Request):
+                break
+        peer.send(ws.AcceptConnection())
+        peer.next_message()
+        peer.send(ws.TextMessage(_lines(END)), ws.Ping(b"keepalive"))
+        sent_ping.set()
+        peer.wait_for(ws.Pong)
+        peer.send(ws.CloseConnection(code=1001))
+        sent_close.set()
+        peer.wait_for(ws.CloseConnection)
+
+    url, thread, failures = _serve(script)
+    sock = CellSocket.connect(url, "sl_x_y", "sandbox")
+    try:
+        assert list(sock.cell({"code": "1"}, 10)) == [END]
+        assert sent_ping.wait(10)
+        assert sock.alive()  # the ping was answered (the server waits for the pong)
+        assert sent_close.wait(10)
+        deadline = time.monotonic() + 10
+        while sock.alive():  # until the close frame has crossed loopback
+            assert time.monotonic() < deadline, "alive() never saw the close"
+            select.select([sock._sock], [], [], 1)
     finally:
         sock.close()
         thread.join(10)
