@@ -247,7 +247,7 @@ def _parse(state: ServerState, message: Message) -> Execute:
         return _CellRequest.model_validate_json(text)
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (nested past the parser's limit)
         state.metrics.requests_rejected.labels("invalid").inc()
         raise Refused(422, "ValidationError", f"invalid request: not JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("type") != "execute":
