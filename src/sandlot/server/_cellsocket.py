@@ -282,18 +282,13 @@ async def _stream(
         queue_bytes=QUEUE_BYTES,
         stall_seconds=state.settings.client_stall_timeout,
     )
+    flow.start()
     stream = flow.chunks
 
     last = b""
-    begun = False
 
     async def pump() -> None:
-        # Reading the stream starts the cell's work: the last thing this thread does
-        # before it waits, so the worker does not wait for the GIL while this thread
-        # sets up (here, nothing overlaps the work's start as an HTTP response's
-        # headers do).
-        nonlocal last, begun
-        begun = True
+        nonlocal last
         try:
             async for chunk in stream:
                 await send({"type": "websocket.send", "text": chunk.decode("utf-8")})
@@ -311,9 +306,7 @@ async def _stream(
             sending.cancel()  # the client left (or this connection is being cancelled)
         with contextlib.suppress(asyncio.CancelledError, OSError):
             await sending
-        if not begun:
-            runner.skip()  # the client left before the cell started: it never runs
-    if not begun or sending.cancelled() or sending.exception() is not None:
+    if sending.cancelled() or sending.exception() is not None:
         # The client left, or sent something before the cell's end (a client that had
         # the end may already have sent its next cell: that is no violation).
         violated = listening.done() and not listening.cancelled()
