@@ -169,6 +169,7 @@ def test_between_cells_a_ping_keeps_the_connection_and_a_close_ends_it() -> None
     answered and the connection reused; a close (the server's idle close) means a new
     connection, not a cell sent into one that is ending."""
     sent_ping = threading.Event()
+    checked = threading.Event()  # the client's first alive() is done: close now
     sent_close = threading.Event()
 
     def script(peer: _Peer) -> None:
@@ -180,6 +181,7 @@ def test_between_cells_a_ping_keeps_the_connection_and_a_close_ends_it() -> None
         peer.send(ws.TextMessage(_lines(END)), ws.Ping(b"keepalive"))
         sent_ping.set()
         peer.wait_for(ws.Pong)
+        assert checked.wait(10)
         peer.send(ws.CloseConnection(code=1001))
         sent_close.set()
         peer.wait_for(ws.CloseConnection)
@@ -190,6 +192,7 @@ def test_between_cells_a_ping_keeps_the_connection_and_a_close_ends_it() -> None
         assert list(sock.cell({"code": "1"}, 10)) == [END]
         assert sent_ping.wait(10)
         assert sock.alive()  # the ping was answered (the server waits for the pong)
+        checked.set()
         assert sent_close.wait(10)
         deadline = time.monotonic() + 10
         while sock.alive():  # until the close frame has crossed loopback
