@@ -856,11 +856,11 @@ class CellSocket:
     machine; the async twin runs it in a worker thread as it runs the HTTP client.
 
     On a plain socket the frames a cell takes (its request, whole unmasked text frames
-    back, and pings) are made and read here, which costs a fraction of wsproto's way
-    (about a quarter of a ``1+1`` cell's client side); the first frame of any other
-    kind (a close, a fragment) and everything after it go to wsproto, which has seen no data
-    frame and so takes the stream up in its own state. That needs wsproto to hold no
-    byte past the handshake's response: the handshake is read up to its end exactly."""
+    back, and pings) are made and read here: about 30 us of a ``1+1`` cell's ~140 us on
+    the client went to wsproto's way. The first frame of any other kind (a close, a
+    fragment) and everything after it go to wsproto, which has seen no data frame and
+    so takes the stream up in its own state. That needs wsproto to hold no byte past
+    the handshake's response: the handshake is read up to its end exactly."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
