@@ -338,6 +338,8 @@ GARBAGE: list[tuple[ws.Event, int, str]] = [
     (ws.TextMessage('{"type": "execute", "code": "1", "evil": 1}'), 422, "ValidationError"),
     (ws.TextMessage('{"type": "execute", "code": "\\ud800"}'), 400, "InvalidArgumentError"),
     (ws.TextMessage('{"type": "execute", "code": "1", "timeout": 1e9}'), 422, "ValidationError"),
+    # Nested past the JSON parser's recursion limit (a RecursionError, not a ValueError).
+    (ws.TextMessage("[" * 100_000), 422, "ValidationError"),
 ]
 
 

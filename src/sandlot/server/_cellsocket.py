@@ -32,7 +32,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 from starlette.requests import HTTPConnection
@@ -106,16 +106,21 @@ async def serve_cells(
     # left (or broke the protocol); between cells, the next cell. One task for both
     # saves making and cancelling one per cell.
     listening = asyncio.ensure_future(receive())
+    idle = _IdleWatch(lambda: listening)
     try:
         while True:
-            await asyncio.wait((listening,), timeout=IDLE_SECONDS)
-            if not listening.done():
+            try:
+                message = await listening
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not idle.expired or (task is not None and task.cancelling()):
+                    raise
                 await send({"type": "websocket.close", "code": 1001})
                 return
-            message = listening.result()
             if message["type"] != "websocket.receive":
                 return  # websocket.disconnect
             listening = asyncio.ensure_future(receive())
+            idle.busy = True
             try:
                 runner = await _admit(state, key, sandbox_id, message, status_of)
             except Refused as exc:
@@ -123,6 +128,7 @@ async def serve_cells(
                 if exc.final:
                     await send({"type": "websocket.close", "code": CLOSE_POLICY})
                     return
+                idle.rest()
                 continue
             try:
                 ended = await _stream(state, runner, listening, send)
@@ -130,11 +136,48 @@ async def serve_cells(
                 state.manager.release(runner.cell.entry)
             if not ended:
                 return
+            idle.rest()
     finally:
+        idle.stop()
         if not listening.done():
             listening.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listening
+
+
+class _IdleWatch:
+    """Closes a connection that has had no cell for :data:`IDLE_SECONDS`: one timer per
+    connection, re-armed when it fires early, rather than a timeout made and cancelled
+    around every wait for a message (a timer handle and a loop pass per cell).
+
+    When it expires it cancels the connection's wait for its next message (``current``
+    names it) and sets :attr:`expired`, which tells that cancellation from any other."""
+
+    def __init__(self, current: Callable[[], asyncio.Future[Message]]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._current = current
+        self.busy = False  # a cell is being admitted or run: never idle meanwhile
+        self.expired = False
+        self._since = self._loop.time()
+        self._timer = self._loop.call_later(IDLE_SECONDS, self._fire)
+
+    def rest(self) -> None:
+        """A cell ended (or was refused): the connection is idle from now."""
+        self.busy = False
+        self._since = self._loop.time()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        left = self._since + IDLE_SECONDS - self._loop.time()
+        waiting = self._current()
+        if self.busy or waiting.done() or left > 0:
+            # (done: a message came and is about to be taken as a cell)
+            self._timer = self._loop.call_later(left if left > 0 else IDLE_SECONDS, self._fire)
+            return
+        self.expired = True
+        waiting.cancel()
 
 
 async def _principal(state: ServerState, key: str | None) -> Principal:
@@ -176,6 +219,12 @@ async def _admit(
         raise
 
 
+class _CellRequest(Execute):
+    """A cell request frame as a whole: :class:`Execute` and its ``type``."""
+
+    type: Literal["execute"]
+
+
 def _parse(state: ServerState, message: Message) -> Execute:
     """A message's cell request, within the server's body limit; else :class:`Refused`
     (a frame that is not JSON, not a cell request, or not a valid one)."""
@@ -192,9 +241,13 @@ def _parse(state: ServerState, message: Message) -> Execute:
             "InvalidArgumentError",
             f"request body larger than this server accepts ({limit} bytes)",
         )
+    # A well-formed request in one pass; anything else takes the checks below, which
+    # tell what is wrong with it (the refusals are theirs).
+    with contextlib.suppress(pydantic.ValidationError):
+        return _CellRequest.model_validate_json(text)
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (nested past the parser's limit)
         state.metrics.requests_rejected.labels("invalid").inc()
         raise Refused(422, "ValidationError", f"invalid request: not JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("type") != "execute":
