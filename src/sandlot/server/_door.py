@@ -10,7 +10,8 @@ plane, the debug-mode ``/e2b``) and does only three things itself:
   (:meth:`ClusterStore.reserve`), then forwarded to that node;
 * **routing**: every later request naming a sandbox (in its path, or in E2B's
   ``E2b-Sandbox-Id`` header) is streamed, unchanged, to the node that holds it (found
-  in the shared store, then cached: a sandbox never moves);
+  in the shared store, then cached: a sandbox never moves); so is a sandbox's cell
+  WebSocket, message by message;
 * **loss**: a sandbox whose node left the cluster answers ``NodeLost`` (a
   ``SandboxLost``; on E2B's wire, "sandbox was not found"), its rows are closed with
   ``end_reason`` "node-lost" and its running cells ``killed``/``died``, which releases
@@ -114,7 +115,12 @@ class _Surface:
 
 
 def _json_body(status: int, body: dict[str, Any]) -> tuple[int, bytes]:
-    return status, json.dumps(body).encode()
+    # Rendered byte for byte as the nodes' server renders its JSON errors (Starlette's
+    # JSONResponse): the front door's "not found" must not differ from a node's by a
+    # space, or it would tell a caller which ids exist elsewhere.
+    return status, json.dumps(
+        body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode()
 
 
 def _native(status: int, type_: str, message: str) -> tuple[int, bytes]:
@@ -210,7 +216,13 @@ class FrontDoor:
         except ApiError as exc:
             surface = self._surface_of(scope)
             if surface == _Surface.NATIVE:
-                await _answer(send, *_native(exc.status, exc.type, exc.message))
+                # As the nodes answer it (sandlot.server._app), the 401's header too.
+                headers = [(b"www-authenticate", b'Bearer realm="sandlot"')]
+                await _answer(
+                    send,
+                    *_native(exc.status, exc.type, exc.message),
+                    headers if exc.status == 401 else None,
+                )
             else:
                 await _answer(send, *_e2b(exc.status, exc.message))
 
@@ -326,12 +338,19 @@ class FrontDoor:
         return await asyncio.to_thread(self.store.authenticate, key)
 
     async def _authenticated(self, scope: Scope) -> Principal:
-        principal = await self._principal(scope)
+        holder = _HeaderHolder(Headers(scope=scope))
+        key = api_key_of(holder)  # type: ignore[arg-type]
+        principal = await asyncio.to_thread(self.store.authenticate, key) if key else None
         if principal is None:
+            # Word for word the nodes' refusal (sandlot.server._state.key_refused): a
+            # wrong key gets the same answer for an id no node holds (answered here)
+            # as for one a node holds (answered there).
             raise ApiError(
                 401,
                 "AuthenticationError",
-                "a valid API key is required (Authorization: Bearer KEY)",
+                "a valid API key is required (Authorization: Bearer KEY)"
+                if key is None
+                else "invalid or revoked API key",
             )
         return principal
 

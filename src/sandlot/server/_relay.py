@@ -15,6 +15,9 @@ arbitrary server; still, its answer is parsed strictly (a malformed head or chun
 closes the connection and ends the call as a cut stream) and its size is bounded
 where it is buffered. The client side of the front door stays uvicorn's: nothing here
 parses what a client sent.
+
+A sandbox's cell WebSocket goes to its node on a connection of its own
+(:class:`NodeSocket`: wsproto's client on asyncio streams), never a pooled one.
 """
 
 from __future__ import annotations
