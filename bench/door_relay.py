@@ -8,9 +8,14 @@ are interleaved round-robin (door, node, baseline door) on one sandbox so the th
 share the host's noise; overhead is ``door - node`` per call pair. What
 ``bench/ray_serve.py`` measures too, without Ray's processes competing for the cores.
 
+With ``--sdk``, the calls are the remote SDK's ``run_code("1 + 1")`` instead (one
+sandbox per path, on the same node): its cells go over the sandbox's cell WebSocket
+where the path relays it, else over HTTP.
+
 Run::
 
     .venv/bin/python bench/door_relay.py --baseline /tmp/base/src        # ~30 s
+    .venv/bin/python bench/door_relay.py --baseline /tmp/base/src --sdk
 """
 
 from __future__ import annotations
@@ -107,6 +112,7 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=500)
     parser.add_argument("--baseline", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--sdk", action="store_true", help="time the remote SDK's run_code")
     parser.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.serve:
@@ -165,6 +171,21 @@ def main() -> None:
                 assert answer.status_code == 200 and b"end_of_execution" in answer.content
                 return elapsed
 
+            if opts.sdk:
+                import sandlot
+
+                boxes = {
+                    url: sandlot.Sandbox(api_url=url, api_key=key, timeout=600)
+                    for url in (door, node, base)
+                }
+
+                def cell(url: str) -> float:  # the SDK's cell instead
+                    started = time.perf_counter()
+                    execution = boxes[url].run_code("1 + 1")
+                    elapsed = time.perf_counter() - started
+                    assert execution.text == "2", execution.error
+                    return elapsed
+
             for url in (door, node, base):
                 for _ in range(30):
                     cell(url)
@@ -179,6 +200,10 @@ def main() -> None:
             door_cpu = (_cpu(door_pid) - cpu[0]) / opts.cells * 1000
             base_cpu = (_cpu(base_pid) - cpu[1]) / opts.cells * 1000
             client.delete(f"{door}/v1/sandboxes/{sandbox}")
+            if opts.sdk:
+                sockets = {url: box._core._socket is not None for url, box in boxes.items()}  # type: ignore[attr-defined]
+                for box in boxes.values():
+                    box.kill()
     finally:
         for process in processes:
             process.terminate()
@@ -186,12 +211,20 @@ def main() -> None:
             process.wait(timeout=30)
 
     load = os.getloadavg()
+    names = {"door": door, "node": node, "baseline door": base}
     lines = [
         f"# The front door's relay alone ({time.strftime('%Y-%m-%d')})",
         "",
         f"Host: {os.cpu_count()} cores, load average {load[0]:.1f} / {load[1]:.1f} / "
         f"{load[2]:.1f} (other work shares it). One node server, two front doors, SQLite; "
-        "no Ray. Cell `1 + 1`, `POST /v1/sandboxes/{id}/execute`, whole answer read.",
+        "no Ray. Cell `1 + 1`, "
+        + (
+            "the remote SDK's `run_code` (on the cell WebSocket: "
+            + ", ".join(f"{name} {sockets[url]}" for name, url in names.items())
+            + ")."
+            if opts.sdk
+            else "`POST /v1/sandboxes/{id}/execute`, whole answer read."
+        ),
         "",
         "| path | cells | p50 ms | p90 ms | mean ms |",
         "|---|---|---|---|---|",

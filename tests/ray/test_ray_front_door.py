@@ -315,6 +315,144 @@ def test_signed_file_urls_reach_the_sandbox_s_node(door: Door) -> None:
             sbx.kill()
 
 
+def _node_url(door: Door, sandbox_id: str) -> str:
+    """The address of the node server that holds ``sandbox_id`` (from the shared store)."""
+    from sandlot.server import ClusterStore
+
+    store = ClusterStore(door.database)
+    try:
+        placement = store.locate(sandbox_id)
+    finally:
+        store.close()
+    assert placement is not None
+    return placement.url
+
+
+def test_the_remote_sdk_sends_its_cells_over_the_websocket_through_the_door(door: Door) -> None:
+    """From its second cell on, the SDK's cells go over one WebSocket that the front
+    door relays to the sandbox's node; state persists across them; a kill ends the
+    socket. (A client leaving mid-cell: tests/server/test_door_relay.py, against a
+    real node server without Ray.)"""
+    import sandlot
+
+    sbx = door.sandbox()
+    core = sbx._core
+    try:
+        assert sbx.run_code("x = 1").error is None  # the first cell: over HTTP
+        assert core._socket is None
+        opened = None
+        for n in range(2, 7):
+            assert sbx.run_code("x += 1; x").text == str(n)
+            # The SDK holds an open cell WebSocket: the door accepted the upgrade and
+            # the cell came back on it (the same connection for every cell).
+            assert core._socket is not None and not core._socket.closed
+            opened = opened or core._socket
+            assert core._socket is opened
+        assert core._socket_offered
+        printed: list[str] = []
+        assert (
+            sbx.run_code(
+                "print('out', flush=True); 6 * 7", on_stdout=lambda m: printed.append(m.line)
+            ).text
+            == "42"
+        )
+        assert printed == ["out\n"] and core._socket is opened
+
+        # A sandbox killed under a cell running on the socket: the cell ends (typed, as
+        # over HTTP), and so does the socket.
+        started = threading.Event()
+        outcome: list[Any] = []
+
+        def run() -> None:
+            try:
+                outcome.append(
+                    sbx.run_code(
+                        "import time\nprint('in', flush=True)\ntime.sleep(600)",
+                        on_stdout=lambda m: started.set(),
+                        timeout=300,
+                    )
+                )
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert started.wait(WAIT)
+        sock = core._socket
+        assert sock is not None and sock is opened  # the long cell is on the socket
+        assert door.http.delete(f"/v1/sandboxes/{sbx.sandbox_id}").status_code == 204
+        thread.join(WAIT)
+        assert not thread.is_alive()
+        (result,) = outcome
+        if isinstance(result, BaseException):
+            assert isinstance(result, sandlot.SandboxClosed | sandlot.SandboxLost), result
+        else:
+            assert result.status == "died", result
+        with pytest.raises(sandlot.SandlotError) as after:
+            sbx.run_code("x")
+        assert type(after.value).__name__ in ("SandboxNotFound", "SandboxClosed"), after.value
+        if not sock.closed:
+            # The node refused that cell on the socket, then closed it (1008): relayed.
+            import wsproto.events as ws
+
+            sock._sock.settimeout(WAIT)
+            ended = next(e for e in sock._events() if isinstance(e, ws.CloseConnection))
+            assert ended.code == 1008, ended
+    finally:
+        sbx.kill()
+
+
+def test_a_refused_cell_websocket_tells_nothing_and_http_answers_as_the_node_does(
+    door: Door,
+) -> None:
+    """Another tenant's sandbox, a wrong key, an id that never existed: the front
+    door refuses each upgrade the same way, saying nothing (the node itself answers
+    its own typed refusal); the SDK then asks over HTTP, which answers as the node
+    does, byte for byte, whether or not the id exists."""
+    import sandlot
+    from sandlot._remote import CellSocket, NoCellSocket
+
+    theirs = door.sandbox(key=door.small_key)
+    try:
+        node = _node_url(door, theirs.sandbox_id)
+        with pytest.raises(sandlot.SandlotError) as at_node:
+            CellSocket.connect(node, door.key, theirs.sandbox_id).close()
+        assert "not found" in str(at_node.value)  # the node's own typed refusal
+        refusals = set()
+        for key, sandbox_id in (
+            (door.key, theirs.sandbox_id),
+            ("sk_wrong", theirs.sandbox_id),
+            (door.key, "sbx-never-was"),
+            ("sk_wrong", "sbx-never-was"),
+        ):
+            with pytest.raises(NoCellSocket) as refused:
+                CellSocket.connect(door.url, key, sandbox_id).close()
+            refusals.add(str(refused.value))
+        assert len(refusals) == 1, refusals
+
+        def answer(url: str, key: str, sandbox_id: str) -> tuple[int, bytes, str | None]:
+            got = httpx.post(
+                f"{url}/v1/sandboxes/{sandbox_id}/execute",
+                json={"code": "1"},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            )
+            return got.status_code, got.content, got.headers.get("www-authenticate")
+
+        for key in (door.key, "sk_wrong"):
+            at_node_answer = answer(node, key, theirs.sandbox_id)
+            assert at_node_answer[0] in (401, 404), at_node_answer
+            assert answer(door.url, key, theirs.sandbox_id) == at_node_answer
+            unknown = answer(door.url, key, "sbx-never-was")
+            assert unknown == (
+                at_node_answer[0],
+                at_node_answer[1].replace(theirs.sandbox_id.encode(), b"sbx-never-was"),
+                at_node_answer[2],
+            )
+    finally:
+        theirs.kill()
+
+
 def test_a_node_added_later_gets_new_sandboxes_and_its_loss_takes_only_its_own(
     door: Door, sixty: list[Any]
 ) -> None:

@@ -1,18 +1,23 @@
 """The front door's relay (sandlot.server._relay) against a node that answers exactly
 the bytes a test scripts: framing split at every byte, answers framed by length, by
 chunks and by the end of the connection, malformed and cut answers, a client that
-leaves mid-answer, and connection reuse. No Ray, no sandbox: a real front door
+leaves mid-answer, and connection reuse; the cell WebSocket relayed to a scripted
+WebSocket peer (framing, refusals, a node that goes away or falls silent, a client
+that stops reading). No Ray, no sandbox: a real front door
 (uvicorn on loopback) in front of a scripted TCP peer, on a SQLite cluster store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,8 +26,16 @@ pytest.importorskip("uvicorn", reason="the server extra is not installed")
 
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
+import wsproto  # noqa: E402
+import wsproto.events as ws  # noqa: E402
 
-from sandlot.server import ClusterStore, NodeRef, ServerSettings, create_front_door  # noqa: E402
+from sandlot.server import (  # noqa: E402
+    ClusterStore,
+    NodeRef,
+    ServerSettings,
+    _relay,
+    create_front_door,
+)
 
 Script = Callable[[socket.socket, bytes], None]
 """What the scripted node does with one request (its head and body, as received)."""
@@ -318,3 +331,307 @@ def test_an_interim_answer_is_skipped_and_expect_is_not_passed_on(
     )
     assert response.status_code == 200 and response.content == b'{"code":"1 + 1"}'
     assert b"expect:" not in node.requests[0].lower()
+
+
+# --- the cell WebSocket ------------------------------------------------------------------
+# The scripted node reads the upgrade as a request with no body; the script answers it
+# with wsproto's server side, fed the very bytes the front door sent.
+
+
+def _node_accepts(conn: socket.socket, head: bytes) -> wsproto.WSConnection:
+    server = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
+    server.receive_data(head)
+    events = list(server.events())
+    assert isinstance(events[0], ws.Request), events
+    conn.sendall(server.send(ws.AcceptConnection()))
+    return server
+
+
+def _events(conn: socket.socket, peer: wsproto.WSConnection) -> Iterator[ws.Event]:
+    """``peer``'s events as they arrive (the end of the connection: a 1006 close)."""
+    while True:
+        yield from peer.events()
+        data = conn.recv(65536)
+        peer.receive_data(data or None)
+        if not data:
+            yield from peer.events()
+            return
+
+
+class WsClient:
+    """A cell WebSocket client on a raw socket, as the remote SDK's is (wsproto)."""
+
+    def __init__(self, door: str, headers: list[tuple[bytes, bytes]], path: str) -> None:
+        host, port = door.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+        self.sock.sendall(
+            self.ws.send(ws.Request(host=f"{host}:{port}", target=path, extra_headers=headers))
+        )
+        self.answer: ws.Event = next(self.events())
+
+    def events(self) -> Iterator[ws.Event]:
+        yield from _events(self.sock, self.ws)
+
+    def send(self, data: str | bytes) -> None:
+        event = ws.TextMessage(data) if isinstance(data, str) else ws.BytesMessage(data)
+        self.sock.sendall(self.ws.send(event))
+
+    def message(self) -> str | bytes | ws.CloseConnection:
+        """The next whole message, or the close that came instead."""
+        parts: list[Any] = []
+        for event in self.events():
+            if isinstance(event, ws.Message):
+                parts.append(event.data)
+                if event.message_finished:
+                    return "".join(parts) if isinstance(event, ws.TextMessage) else b"".join(parts)
+            elif isinstance(event, ws.CloseConnection):
+                return event
+        raise AssertionError("the connection ended without a close")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _socket(
+    door: str, key: str | None, path: str = "/v1/sandboxes/sbx/cells", **extra: str
+) -> WsClient:
+    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+    headers += [(k.encode(), v.encode()) for k, v in extra.items()]
+    return WsClient(door, headers, path)
+
+
+def test_a_cell_websocket_is_relayed_message_by_message_both_ways(
+    cluster: Callable[[Script], tuple[ScriptedNode, str, str]],
+) -> None:
+    """Text stays text, binary stays binary, a message the node sent in fragments
+    arrives whole; the client's key (and origin, which the node checks) reach the node,
+    never the client's own handshake key; closes go both ways."""
+    got: list[str | bytes] = []
+    closes: queue.Queue[int] = queue.Queue()
+
+    def node_script(conn: socket.socket, body: bytes) -> None:
+        server = _node_accepts(conn, node.requests[-1])
+        parts: list[Any] = []
+        for event in _events(conn, server):
+            if isinstance(event, ws.Message):
+                parts.append(event.data)
+                if not event.message_finished:
+                    continue
+                message = "".join(parts) if isinstance(event, ws.TextMessage) else b"".join(parts)
+                parts.clear()
+                got.append(message)
+                if message == "fragments":
+                    conn.sendall(server.send(ws.TextMessage("one ", message_finished=False)))
+                    conn.sendall(server.send(ws.TextMessage("two", message_finished=True)))
+                elif message == "close":
+                    conn.sendall(server.send(ws.CloseConnection(code=4001, reason="done")))
+                else:
+                    conn.sendall(server.send(ws.Message(data=message)))  # echo
+            elif isinstance(event, ws.CloseConnection):
+                closes.put(event.code)
+                return
+
+    node, door, key = cluster(node_script)
+    client = _socket(door, key, origin="http://127.0.0.1:1")
+    assert isinstance(client.answer, ws.AcceptConnection)
+    big = bytes(range(256)) * 4096  # 1 MiB: several reads on each side
+    client.send('{"type": "execute", "code": "1 + 1"}')
+    assert client.message() == '{"type": "execute", "code": "1 + 1"}'
+    client.send(b"\x00\xffbinary")
+    assert client.message() == b"\x00\xffbinary"
+    client.send(big)
+    assert client.message() == big
+    client.send("fragments")
+    assert client.message() == "one two"
+    client.send("close")
+    ended = client.message()
+    assert isinstance(ended, ws.CloseConnection) and ended.code == 4001, ended
+    client.close()
+    assert closes.get(timeout=10) == 4001  # the front door answered the node's close
+    assert got == [
+        '{"type": "execute", "code": "1 + 1"}',
+        b"\x00\xffbinary",
+        big,
+        "fragments",
+        "close",
+    ]
+    head = node.requests[0].lower()
+    assert head.startswith(b"get /v1/sandboxes/sbx/cells http/1.1\r\n")
+    assert f"authorization: bearer {key}".lower().encode() in head
+    assert b"origin: http://127.0.0.1:1\r\n" in head
+    assert head.count(b"sec-websocket-key:") == 1  # the front door's own, not the client's too
+    assert head.count(b"host:") == 1
+
+    # The client closing ends the node's side too (the client left: 1001).
+    client = _socket(door, key)
+    client.send("hello")
+    assert client.message() == "hello"
+    client.sock.sendall(client.ws.send(ws.CloseConnection(code=1000)))
+    assert isinstance(client.message(), ws.CloseConnection)
+    client.close()
+    assert closes.get(timeout=10) == 1001
+
+
+def test_every_refused_cell_websocket_is_the_same_close_before_the_handshake(
+    cluster: Callable[[Script], tuple[ScriptedNode, str, str]],
+) -> None:
+    """A node's refusal (here a 401 with the node's JSON error), an unknown sandbox and
+    a path that is no cell WebSocket: one answer for all, a refused handshake that says
+    nothing (the SDK then asks over HTTP, whose answer says what is wrong)."""
+
+    def node_refuses(conn: socket.socket, body: bytes) -> None:
+        error = b'{"type": "AuthenticationError", "message": "invalid or revoked API key"}'
+        conn.sendall(
+            b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%b" % (len(error), error)
+        )
+
+    _, door, key = cluster(node_refuses)
+    answers = []
+    for client in (
+        _socket(door, "wrong"),
+        _socket(door, key),
+        _socket(door, key, "/v1/sandboxes/no-such-sandbox/cells"),
+        _socket(door, "wrong", "/v1/sandboxes/no-such-sandbox/cells"),
+        _socket(door, key, "/v1/sandboxes/sbx/other"),
+    ):
+        answer = client.answer
+        assert isinstance(answer, ws.RejectConnection), answer
+        body = b"".join(e.data for e in client.events() if isinstance(e, ws.RejectData))
+        answers.append((answer.status_code, sorted(answer.headers), body))
+        client.close()
+    assert all(a == answers[0] for a in answers), answers
+    assert answers[0][0] == 403 and answers[0][2] == b""
+
+
+def test_a_node_that_does_not_answer_the_upgrade_is_a_refusal(
+    cluster: Callable[[Script], tuple[ScriptedNode, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_relay, "SOCKET_HANDSHAKE_TIMEOUT", 0.5)
+    dropped = threading.Event()
+
+    def node_is_silent(conn: socket.socket, body: bytes) -> None:
+        conn.settimeout(30)
+        if conn.recv(1) == b"":
+            dropped.set()
+
+    _, door, key = cluster(node_is_silent)
+    client = _socket(door, key)
+    try:
+        assert isinstance(client.answer, ws.RejectConnection)
+        assert client.answer.status_code == 403
+        assert dropped.wait(10)  # the front door gave up on the node's connection
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("how", ["mid-message", "without-close", "too-large"])
+def test_a_node_that_goes_away_ends_the_client_s_websocket_with_an_error(
+    cluster: Callable[[Script], tuple[ScriptedNode, str, str]],
+    how: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Half a message never reaches the client as a message: the client gets a close
+    that says the relay failed (1011), as a cut HTTP answer is a cut stream. So does a
+    message larger than the front door holds."""
+    monkeypatch.setattr(_relay, "SOCKET_MAX_MESSAGE", 100_000)
+
+    def node_dies(conn: socket.socket, body: bytes) -> None:
+        server = _node_accepts(conn, node.requests[-1])
+        for event in _events(conn, server):
+            if isinstance(event, ws.Message):
+                conn.sendall(server.send(ws.TextMessage("whole")))
+                if how == "too-large":
+                    for _ in range(20):  # 200 kB in fragments, never finished
+                        conn.sendall(
+                            server.send(ws.TextMessage("y" * 10_000, message_finished=False))
+                        )
+                    conn.settimeout(30)
+                    with contextlib.suppress(OSError):
+                        conn.recv(1)  # the front door drops it
+                    return
+                if how == "mid-message":
+                    frame = server.send(ws.TextMessage("x" * 1000))
+                    conn.sendall(frame[:500])  # half a frame
+                else:
+                    conn.sendall(server.send(ws.TextMessage("part", message_finished=False)))
+                conn.shutdown(socket.SHUT_RDWR)
+                return
+
+    node, door, key = cluster(node_dies)
+    client = _socket(door, key)
+    client.send("go")
+    assert client.message() == "whole"
+    ended = client.message()
+    assert isinstance(ended, ws.CloseConnection) and ended.code == 1011, ended
+    client.close()
+
+
+def test_a_client_that_stops_reading_stops_the_reads_from_its_node(
+    cluster: Callable[[Script], tuple[ScriptedNode, str, str]],
+) -> None:
+    """The node writes 64 MiB to a client that reads nothing: the front door holds a
+    bounded amount (the sockets' buffers and a message), the node's writes block; the
+    client's leaving then closes the node's connection."""
+    total = 64
+    sent: list[int] = []
+    blocked = threading.Event()
+
+    def node_floods(conn: socket.socket, body: bytes) -> None:
+        server = _node_accepts(conn, node.requests[-1])
+        next(e for e in _events(conn, server) if isinstance(e, ws.Message))
+        frame = server.send(ws.BytesMessage(b"x" * (1 << 20)))
+        conn.settimeout(3)  # nothing taken for 3 s: the door stopped reading
+        try:
+            for _ in range(total):
+                conn.sendall(frame)
+                sent.append(1)
+        except TimeoutError:
+            blocked.set()
+        conn.settimeout(30)
+        # What the door does once its client is gone: close this connection.
+        with contextlib.suppress(OSError):
+            while conn.recv(65536):
+                pass
+        node.closed.set()
+
+    node, door, key = cluster(node_floods)
+    client = _socket(door, key)
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    client.send("go")
+    assert blocked.wait(60), f"the node wrote all {len(sent)} MiB"
+    assert len(sent) < total / 2, len(sent)
+    client.sock.shutdown(socket.SHUT_RDWR)
+    client.close()
+    assert node.closed.wait(30)
+
+
+def test_a_node_that_falls_silent_is_pinged_then_dropped(
+    cluster: Callable[[Script], tuple[ScriptedNode, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live node's server answers the front door's ping; a dead one (no FIN, nothing
+    answered) is given up after twice the quiet time, and the client told (1011)."""
+    monkeypatch.setattr(_relay, "SOCKET_QUIET", 0.3)
+    pinged: list[int] = []
+    done = threading.Event()
+
+    def node_script(conn: socket.socket, body: bytes) -> None:
+        server = _node_accepts(conn, node.requests[-1])
+        for event in _events(conn, server):
+            if isinstance(event, ws.Ping):
+                pinged.append(1)
+                if len(pinged) == 1:
+                    conn.sendall(server.send(event.response()))
+                    conn.sendall(server.send(ws.TextMessage("alive")))
+                # later pings: a dead node answers nothing
+        done.set()  # the front door dropped the connection
+
+    node, door, key = cluster(node_script)
+    client = _socket(door, key)
+    assert client.message() == "alive"
+    ended = client.message()
+    assert isinstance(ended, ws.CloseConnection) and ended.code == 1011, ended
+    assert done.wait(10)
+    assert len(pinged) == 2
+    client.close()

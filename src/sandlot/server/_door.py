@@ -10,7 +10,8 @@ plane, the debug-mode ``/e2b``) and does only three things itself:
   (:meth:`ClusterStore.reserve`), then forwarded to that node;
 * **routing**: every later request naming a sandbox (in its path, or in E2B's
   ``E2b-Sandbox-Id`` header) is streamed, unchanged, to the node that holds it (found
-  in the shared store, then cached: a sandbox never moves);
+  in the shared store, then cached: a sandbox never moves); so is a sandbox's cell
+  WebSocket, message by message;
 * **loss**: a sandbox whose node left the cluster answers ``NodeLost`` (a
   ``SandboxLost``; on E2B's wire, "sandbox was not found"), its rows are closed with
   ``end_reason`` "node-lost" and its running cells ``killed``/``died``, which releases
@@ -43,7 +44,15 @@ import sandlot
 from sandlot.server._cluster import ClusterStore, NodeRef, Placement
 from sandlot.server._e2b_control import _token
 from sandlot.server._manager import ApiError, effective_quotas
-from sandlot.server._relay import Answer, NodeConnection, NodePool, UpstreamError, request_head
+from sandlot.server._relay import (
+    Answer,
+    NodeConnection,
+    NodePool,
+    NodeSocket,
+    SocketClosed,
+    UpstreamError,
+    request_head,
+)
 from sandlot.server._settings import Quotas, ServerSettings
 from sandlot.server._state import api_key_of
 from sandlot.server._store import Principal
@@ -53,6 +62,7 @@ log = logging.getLogger("sandlot.server.door")
 _NATIVE_ID = re.compile(r"^/v1/sandboxes/([^/]+)(/.*)?$")
 _CONTROL_ID = re.compile(r"^(?:/v2)?/sandboxes/([^/]+)(/.*)?$")
 _DEBUG_ID = re.compile(r"^/e2b/sandboxes/([^/]+)(/.*)?$")
+_CELLS = re.compile(r"^/v1/sandboxes/([^/]+)/cells$")
 _HOP = frozenset(
     {
         b"host",
@@ -105,7 +115,12 @@ class _Surface:
 
 
 def _json_body(status: int, body: dict[str, Any]) -> tuple[int, bytes]:
-    return status, json.dumps(body).encode()
+    # Rendered byte for byte as the nodes' server renders its JSON errors (Starlette's
+    # JSONResponse): the front door's "not found" must not differ from a node's by a
+    # space, or it would tell a caller which ids exist elsewhere.
+    return status, json.dumps(
+        body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode()
 
 
 def _native(status: int, type_: str, message: str) -> tuple[int, bytes]:
@@ -189,6 +204,9 @@ class FrontDoor:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
+        if scope["type"] == "websocket":
+            await self._socket(scope, receive, send)
+            return
         if scope["type"] != "http":
             return
         try:
@@ -198,7 +216,13 @@ class FrontDoor:
         except ApiError as exc:
             surface = self._surface_of(scope)
             if surface == _Surface.NATIVE:
-                await _answer(send, *_native(exc.status, exc.type, exc.message))
+                # As the nodes answer it (sandlot.server._app), the 401's header too.
+                headers = [(b"www-authenticate", b'Bearer realm="sandlot"')]
+                await _answer(
+                    send,
+                    *_native(exc.status, exc.type, exc.message),
+                    headers if exc.status == 401 else None,
+                )
             else:
                 await _answer(send, *_e2b(exc.status, exc.message))
 
@@ -314,12 +338,19 @@ class FrontDoor:
         return await asyncio.to_thread(self.store.authenticate, key)
 
     async def _authenticated(self, scope: Scope) -> Principal:
-        principal = await self._principal(scope)
+        holder = _HeaderHolder(Headers(scope=scope))
+        key = api_key_of(holder)  # type: ignore[arg-type]
+        principal = await asyncio.to_thread(self.store.authenticate, key) if key else None
         if principal is None:
+            # Word for word the nodes' refusal (sandlot.server._state.key_refused): a
+            # wrong key gets the same answer for an id no node holds (answered here)
+            # as for one a node holds (answered there).
             raise ApiError(
                 401,
                 "AuthenticationError",
-                "a valid API key is required (Authorization: Bearer KEY)",
+                "a valid API key is required (Authorization: Bearer KEY)"
+                if key is None
+                else "invalid or revoked API key",
             )
         return principal
 
@@ -570,6 +601,45 @@ class FrontDoor:
             return
         info = placement is not None and surface == _Surface.NATIVE and _is_info(scope)
         await _relay_answer(conn, answer, method, node if info else None, receive, send)
+
+    async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A sandbox's cell WebSocket (``/v1/sandboxes/{id}/cells``), relayed to its
+        node message by message once the node accepted the upgrade.
+
+        Every refusal is the same close before the handshake completes, whoever refuses
+        and why (an unknown id, a lost or unreachable node, the node's own refusal of a
+        key or of another tenant's sandbox): it tells a caller nothing, not even whether
+        the id exists, and the SDK then sends the cell over HTTP, whose answer (the
+        node's, or the front door's ``_gone``) says what is wrong."""
+        if (await receive())["type"] != "websocket.connect":
+            return
+        match = _CELLS.match(scope["path"])
+        node_socket = None
+        if match is not None:
+            try:
+                known = await self._locate(match.group(1))
+            except Exception:  # the store is down: HTTP will say so
+                log.exception("cannot locate a sandbox for its cell WebSocket")
+                known = None
+            if known is not None and not known[0].lost and known[0].node_id not in self.lost:
+                try:
+                    node_socket = await self._open_socket(known[1], scope)
+                except UpstreamError as exc:
+                    log.info("a cell WebSocket was not relayed: %s", exc)
+        if node_socket is None:
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        try:
+            await send({"type": "websocket.accept"})
+        except BaseException:
+            node_socket.abort()
+            raise
+        await _relay_socket(node_socket, receive, send)
+
+    async def _open_socket(self, node: NodeRef, scope: Scope) -> NodeSocket:
+        return await NodeSocket.open(
+            self._pool, node.url, _target(scope), list(scope.get("headers", ()))
+        )
 
     async def _signed(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A signed file URL (E2B's ``download_url`` / ``upload_url``) names no sandbox:
@@ -836,6 +906,65 @@ async def _relay_answer(
         log.info("the stream from a node was cut: %s", exc)
         raise _ClientGone from None
     answer.release()
+
+
+async def _relay_socket(node: NodeSocket, receive: Receive, send: Send) -> None:
+    """Relay an accepted WebSocket both ways until either side ends it, then end the
+    other: a client leaving mid-cell closes the node's WebSocket, which interrupts the
+    cell there as a disconnect does on one machine. One message at a time each way: a
+    client that does not read holds up ``send``, and so the reads from its node."""
+
+    async def up() -> None:  # client -> node
+        while True:
+            message = await receive()
+            if message["type"] != "websocket.receive":
+                return  # websocket.disconnect
+            text = message.get("text")
+            await node.send(text if text is not None else message.get("bytes") or b"")
+
+    async def down() -> SocketClosed:  # node -> client
+        while True:
+            got = await node.receive()
+            if isinstance(got, SocketClosed):
+                return got
+            if isinstance(got, str):
+                await send({"type": "websocket.send", "text": got})
+            else:
+                await send({"type": "websocket.send", "bytes": got})
+
+    client = asyncio.ensure_future(up())
+    server = asyncio.ensure_future(down())
+    try:
+        await asyncio.wait((client, server), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the front door shuts down
+        node.abort()
+        raise
+    finally:
+        for task in (client, server):
+            if not task.done():
+                task.cancel()
+        for task in (client, server):
+            with contextlib.suppress(BaseException):
+                await task
+    if server.done() and not server.cancelled() and server.exception() is None:
+        # The node ended it: its code on to the client (an abrupt end, which has no
+        # code on the wire, as an error).
+        closed = server.result()
+        node.close()
+        code = 1011 if closed.code in (1005, 1006, 1015) else closed.code
+        with contextlib.suppress(Exception):
+            await send({"type": "websocket.close", "code": code, "reason": closed.reason})
+        return
+    if client.done() and not client.cancelled() and client.exception() is None:
+        node.close(1001)  # the client left (or closed): the node's cell is interrupted
+        return
+    # A side failed: the node broke the protocol or went silent, or the client's
+    # connection failed under a send. Both ends go.
+    failed = server if server.done() and not server.cancelled() else client
+    log.info("a relayed cell WebSocket failed: %r", failed.exception())
+    node.abort()
+    with contextlib.suppress(Exception):
+        await send({"type": "websocket.close", "code": 1011})
 
 
 async def _drop_on_disconnect(receive: Receive, conn: NodeConnection) -> None:

@@ -15,14 +15,23 @@ arbitrary server; still, its answer is parsed strictly (a malformed head or chun
 closes the connection and ends the call as a cut stream) and its size is bounded
 where it is buffered. The client side of the front door stays uvicorn's: nothing here
 parses what a client sent.
+
+A sandbox's cell WebSocket goes to its node on a connection of its own
+(:class:`NodeSocket`: wsproto's client on asyncio streams), never a pooled one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.parse
 from typing import Final, cast
+
+import wsproto
+import wsproto.connection
+import wsproto.events as ws
+import wsproto.utilities
 
 MAX_HEAD: Final = 64 * 1024
 """Bytes an answer's status line and headers may take."""
@@ -360,7 +369,7 @@ class NodePool:
     def __init__(self, *, keepalive: float, per_node: int = 256, connect_timeout: float = 5.0):
         self._keepalive = keepalive
         self._per_node = per_node
-        self._connect_timeout = connect_timeout
+        self.connect_timeout = connect_timeout
         self._idle: dict[str, list[NodeConnection]] = {}
         self._addresses: dict[str, tuple[str, int, bytes]] = {}
 
@@ -391,7 +400,7 @@ class NodePool:
             # never held back for the node's delayed ACK.
             _, conn = await asyncio.wait_for(
                 loop.create_connection(lambda: NodeConnection(self, url), host, port),
-                self._connect_timeout,
+                self.connect_timeout,
             )
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"cannot connect to {host}:{port}: {exc}") from exc
@@ -434,3 +443,194 @@ def request_head(
         out += _CRLF
     out += _CRLF
     return out
+
+
+# --- WebSockets ------------------------------------------------------------------------
+SOCKET_HANDSHAKE_TIMEOUT: Final = 10.0
+"""Seconds a node has to answer a WebSocket upgrade (it checks a key and a sandbox)."""
+SOCKET_READ: Final = 64 * 1024
+"""Bytes read from a node's WebSocket at once (the stream buffers at most twice that
+before it stops reading the node)."""
+SOCKET_MAX_MESSAGE: Final = 16 * 1024 * 1024
+"""Bytes (characters, for text) of one message from a node the front door holds while
+it reassembles it: uvicorn's own limit for a message from a client."""
+SOCKET_QUIET: Final = 20.0
+"""Seconds of silence from a node's WebSocket after which the front door pings it; a
+node that answers nothing for as long again is gone (a cell may run silently for
+hours, a node's server answers a ping within milliseconds)."""
+SOCKET_WRITE_TIMEOUT: Final = 30.0
+"""Seconds a node may take to accept a message (its server reads one as it comes)."""
+_SOCKET_HANDSHAKE_HEADERS: Final = frozenset(
+    {
+        b"host",
+        b"connection",
+        b"upgrade",
+        b"keep-alive",
+        b"transfer-encoding",
+        b"te",
+        b"content-length",
+        b"expect",
+        b"sec-websocket-key",
+        b"sec-websocket-version",
+        b"sec-websocket-extensions",
+        b"sec-websocket-protocol",
+        b"sec-websocket-accept",
+    }
+)
+
+
+class SocketClosed:
+    """A node's WebSocket ended: its close code (1006 when it ended without one)."""
+
+    __slots__ = ("code", "reason")
+
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+
+
+class NodeSocket:
+    """A WebSocket to a node: wsproto's client on asyncio streams, relayed message by
+    message (text stays text, binary stays binary).
+
+    Reads are bounded (:data:`SOCKET_READ` at a time, nothing read while the caller is
+    busy with the last message, so a client that stops reading stops the reads from
+    its node) and never wait forever on a dead node (:data:`SOCKET_QUIET`); writes wait
+    for the node to take them, at most :data:`SOCKET_WRITE_TIMEOUT`."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+        self._parts: list[str | bytes] = []
+        self._size = 0
+        self._pinged = False
+
+    @classmethod
+    async def open(
+        cls,
+        pool: NodePool,
+        url: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+    ) -> NodeSocket:
+        """Connect to the node at ``url`` and upgrade ``target`` with the client's
+        ``headers`` (those of its handshake that the node reads: its key, its origin);
+        :class:`UpstreamError` if the node cannot be reached, does not answer in time
+        or refuses (whatever it said: the caller refuses its client without a word)."""
+        host, port, netloc = pool.address(url)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=SOCKET_READ), pool.connect_timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamError(f"cannot connect to {host}:{port}: {exc}") from exc
+        self = cls(reader, writer)
+        try:
+            async with asyncio.timeout(SOCKET_HANDSHAKE_TIMEOUT):
+                await self._handshake(netloc.decode("latin-1"), target, headers)
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, TimeoutError):
+                raise UpstreamError("the node did not answer the WebSocket upgrade") from None
+            if isinstance(exc, (OSError, wsproto.utilities.ProtocolError)):
+                raise UpstreamError(f"the WebSocket upgrade to the node failed: {exc}") from exc
+            raise
+        return self
+
+    async def _handshake(self, host: str, target: str, headers: list[tuple[bytes, bytes]]) -> None:
+        extra = [(k, v) for k, v in headers if k not in _SOCKET_HANDSHAKE_HEADERS]
+        self._writer.write(self._ws.send(ws.Request(host=host, target=target, extra_headers=extra)))
+        read = 0
+        while True:
+            for event in self._ws.events():
+                if isinstance(event, ws.AcceptConnection):
+                    return
+                if isinstance(event, ws.RejectConnection):
+                    raise UpstreamError(f"the node refused the upgrade ({event.status_code})")
+                raise UpstreamError(f"the node answered the upgrade with {type(event).__name__}")
+            data = await self._reader.read(SOCKET_READ)
+            read += len(data)
+            if not data:
+                raise UpstreamError("the node closed the connection during the upgrade")
+            if read > MAX_HEAD:
+                raise UpstreamError("the node's answer to the upgrade is too large")
+            self._ws.receive_data(data)
+
+    async def receive(self) -> str | bytes | SocketClosed:
+        """The node's next whole message, or how the WebSocket ended (the closing
+        handshake answered). :class:`UpstreamError` if the node breaks the protocol,
+        sends a message over :data:`SOCKET_MAX_MESSAGE` or falls silent for good."""
+        ws_conn = self._ws
+        while True:
+            for event in ws_conn.events():
+                if isinstance(event, ws.Message):
+                    self._parts.append(event.data)
+                    self._size += len(event.data)
+                    if self._size > SOCKET_MAX_MESSAGE:
+                        raise UpstreamError(
+                            f"a message from the node is larger than {SOCKET_MAX_MESSAGE} bytes"
+                        )
+                    if not event.message_finished:
+                        continue
+                    parts, self._parts, self._size = self._parts, [], 0
+                    if len(parts) == 1:
+                        return parts[0]
+                    if isinstance(event, ws.TextMessage):
+                        return "".join(cast(list[str], parts))
+                    return b"".join(cast(list[bytes], parts))
+                if isinstance(event, ws.Ping):
+                    self._writer.write(ws_conn.send(event.response()))
+                elif isinstance(event, ws.CloseConnection):
+                    if ws_conn.state is wsproto.connection.ConnectionState.REMOTE_CLOSING:
+                        self._writer.write(ws_conn.send(event.response()))
+                    return SocketClosed(event.code, event.reason or "")
+                # Pongs: the answer to a ping, which the read below counted as life.
+            data = await self._read()
+            try:
+                ws_conn.receive_data(data or None)  # None: the end, a close (1006) event
+            except wsproto.utilities.ProtocolError as exc:
+                raise UpstreamError(f"the node broke the WebSocket protocol: {exc}") from exc
+
+    async def _read(self) -> bytes:
+        while True:
+            try:
+                async with asyncio.timeout(SOCKET_QUIET):
+                    data = await self._reader.read(SOCKET_READ)
+            except TimeoutError:
+                if self._pinged:
+                    raise UpstreamError(
+                        f"the node's WebSocket answered nothing for {2 * SOCKET_QUIET:g} s"
+                    ) from None
+                self._pinged = True
+                self._writer.write(self._ws.send(ws.Ping(b"sandlot")))
+                continue
+            except OSError as exc:
+                raise UpstreamError(f"the node's WebSocket failed: {exc}") from exc
+            self._pinged = False
+            return data
+
+    async def send(self, data: str | bytes) -> None:
+        """Send one message (:class:`UpstreamError` if the node is gone or stuck)."""
+        try:
+            event = ws.TextMessage(data) if isinstance(data, str) else ws.BytesMessage(data)
+            self._writer.write(self._ws.send(event))
+            async with asyncio.timeout(SOCKET_WRITE_TIMEOUT):
+                await self._writer.drain()
+        except TimeoutError:
+            raise UpstreamError(
+                f"the node took no message for {SOCKET_WRITE_TIMEOUT:g} s"
+            ) from None
+        except (OSError, wsproto.utilities.LocalProtocolError) as exc:
+            raise UpstreamError(f"the node's WebSocket is closed: {exc}") from exc
+
+    def close(self, code: int = 1000) -> None:
+        """Start the closing handshake if the WebSocket is open, then close the
+        connection once what was written has gone (the node's answer is not awaited)."""
+        if self._ws.state is wsproto.connection.ConnectionState.OPEN:
+            with contextlib.suppress(wsproto.utilities.LocalProtocolError):
+                self._writer.write(self._ws.send(ws.CloseConnection(code=code)))
+        self._writer.close()
+
+    def abort(self) -> None:
+        self._writer.transport.abort()
