@@ -580,3 +580,41 @@ def test_a_node_ray_drains_takes_no_new_sandbox_and_keeps_its_own(
     finally:
         for sbx in made:
             sbx.kill()
+
+
+@pytest.mark.parametrize("route", ["node", "door"])
+def test_a_client_that_leaves_mid_cell_interrupts_it_on_its_node(door: Door, route: str) -> None:
+    """As on one server: the cell's HTTP client leaving (straight to the node, or
+    through the front door) interrupts the cell there, rather than leaving it to run
+    to its timeout (the node's server runs in a Ray worker, whose threads block
+    SIGINT: its sandboxes inherited that, so the interrupt never reached the kernel)."""
+    from sandlot.server import ClusterStore
+
+    with door.sandbox() as sbx:
+        base = _node_url(door, sbx.sandbox_id) if route == "node" else door.url
+        with (
+            httpx.Client(base_url=base, timeout=60) as client,
+            client.stream(
+                "POST",
+                f"/v1/sandboxes/{sbx.sandbox_id}/execute",
+                json={
+                    "code": "import time\nprint('started', flush=True)\ntime.sleep(600)",
+                    "timeout": 120,
+                },
+                headers={"Authorization": f"Bearer {door.key}"},
+            ) as answer,
+        ):
+            assert "started" in next(answer.iter_lines())
+        store = ClusterStore(door.database)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                rows = list(store.query_executions(sandbox_id=sbx.sandbox_id))
+                if rows and rows[-1]["outcome"] != "running":
+                    break
+                assert time.monotonic() < deadline, rows[-1:]
+                time.sleep(0.1)
+        finally:
+            store.close()
+        assert rows[-1]["status"] == "interrupted", rows[-1]
+        assert sbx.run_code("'free'").text == "'free'"
