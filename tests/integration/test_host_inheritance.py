@@ -1,6 +1,6 @@
-"""A host whose threads block or ignore signals must not pass that into its sandboxes.
+"""What a host process has set for itself must not reach its sandboxes.
 
-Signal masks and "ignore" dispositions survive fork and exec. A host that starts
+Signal masks, "ignore" dispositions and the file mode mask survive fork and exec. A host that starts
 sandboxes from a thread with SIGINT blocked (a Ray worker's threads, for one) or
 ignored gave every process in the sandbox the same, and a cell's interrupt, a SIGINT
 to its kernel, never arrived: a timeout then killed and restarted the kernel (its
@@ -66,3 +66,36 @@ def test_a_timeout_interrupts_the_cell_whatever_the_host_did_with_its_signals(ho
         assert seen["error"] == "TimeoutError", (backend, seen)
         assert seen["after"] == "42", (backend, seen)  # not restarted: state kept
         assert seen["inside"] == "[] False", (backend, seen)
+
+
+UMASK = textwrap.dedent(
+    """
+    import json, os, sys
+    os.umask(int(sys.argv[1], 8))
+    from sandlot import Sandbox
+    found = {}
+    for backend in ("bwrap", "zygote"):
+        with Sandbox(backend=backend, timeout=120) as sbx:
+            sbx.files.write("by-api.txt", "x")
+            cell = sbx.run_code(
+                "import os\\n"
+                "open('by-code.txt', 'w').write('y')\\n"
+                "print(oct(os.umask(0o022)), *(oct(os.stat(f).st_mode & 0o777)"
+                " for f in ('by-api.txt', 'by-code.txt')))"
+            )
+            found[backend] = "".join(cell.logs.stdout).strip()
+    print(json.dumps(found))
+    """
+)
+
+
+@pytest.mark.parametrize("umask", ["077", "000"])
+def test_the_hosts_umask_does_not_decide_the_sandboxs_file_modes(umask: str) -> None:
+    """A service's umask (077 under hardened units, 000 elsewhere) stays the host's:
+    the sandbox's code and its files API create files as under the usual 022."""
+    done = subprocess.run(
+        [sys.executable, "-c", UMASK, umask], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {b: "0o22 0o644 0o644" for b in ("bwrap", "zygote")}, found
