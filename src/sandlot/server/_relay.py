@@ -28,10 +28,15 @@ import time
 import urllib.parse
 from typing import Final, cast
 
-import wsproto
-import wsproto.connection
-import wsproto.events as ws
-import wsproto.utilities
+try:
+    import wsproto
+    import wsproto.connection
+    import wsproto.events as ws
+    import wsproto.utilities
+except ImportError:  # a server without a WebSocket library still serves everything else
+    WEBSOCKETS = False
+else:
+    WEBSOCKETS = True
 
 MAX_HEAD: Final = 64 * 1024
 """Bytes an answer's status line and headers may take."""
@@ -518,6 +523,8 @@ class NodeSocket:
         ``headers`` (those of its handshake that the node reads: its key, its origin);
         :class:`UpstreamError` if the node cannot be reached, does not answer in time
         or refuses (whatever it said: the caller refuses its client without a word)."""
+        if not WEBSOCKETS:
+            raise UpstreamError("this front door has no WebSocket library (wsproto)")
         host, port, netloc = pool.address(url)
         try:
             reader, writer = await asyncio.wait_for(
