@@ -748,11 +748,6 @@ def _write_proc(path: str, data: bytes) -> None:
 def _read_proc(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks: List[bytes] = []
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+        return _read_all(fd)
     finally:
         os.close(fd)
