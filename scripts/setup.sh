@@ -5,7 +5,9 @@
 #   2. .venv with sandlot and its dev tools
 #   3. the default template (python-data), built once into the cache
 #      (/var/cache/sandlot as root, else ~/.cache/sandlot)
-#   4. as root: a range of host uids and gids for sandboxes (one pair per live sandbox),
+#   4. as root: CRIU 4.x (scripts/setup-criu.sh), which sandbox pause, resume,
+#      snapshots and fork are built on
+#   5. as root: a range of host uids and gids for sandboxes (one pair per live sandbox),
 #      delegated to root in /etc/subuid and /etc/subgid, unless root has one already
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +36,13 @@ if [ ${#missing[@]} -gt 0 ]; then
         echo "    sudo apt-get install -y ${missing[*]}" >&2
         exit 1
     fi
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+    bash scripts/setup-criu.sh
+elif ! command -v criu >/dev/null 2>&1; then
+    echo "note: without CRIU 4.x, sandboxes cannot be paused, snapshotted or forked;" >&2
+    echo "      install it with: sudo scripts/setup-criu.sh" >&2
 fi
 
 if [ "$(id -u)" -eq 0 ] && ! { grep -qE '^(root|0):' /etc/subuid && grep -qE '^(root|0):' /etc/subgid; } 2>/dev/null; then

@@ -22,7 +22,7 @@ log "mypy"
 log "import layers"
 .venv/bin/lint-imports
 log "pytest"
-SANDLOT_REQUIRE="bwrap,template,docker,runsc,podman,microvm,server,postgres,browser,ray" .venv/bin/python -m pytest "$@"
+SANDLOT_REQUIRE="bwrap,template,docker,runsc,podman,microvm,server,postgres,browser,ray,criu" .venv/bin/python -m pytest "$@"
 if [ "$#" -eq 0 ]; then
     # The shared behaviour and escape suites once more, against microVMs restored from
     # their snapshot (TCG on a host without working KVM): the subset and why in

@@ -5,7 +5,8 @@ Tests marked ``requires_bwrap`` need a working bubblewrap backend; tests marked
 tests need the ``server`` and ``dev`` extras (FastAPI, the E2B client...). Each prerequisite is
 checked once per session (cached). When one is missing the test is skipped with
 the reason, unless ``$SANDLOT_REQUIRE`` names it ("bwrap", "template", "docker",
-"runsc", "podman", "microvm", "server", "postgres", "browser", "ray"; CI sets it): then
+"runsc", "podman", "microvm", "server", "postgres", "browser", "ray", "criu"; CI sets
+it): then
 the test fails, so a broken CI host cannot pass by skipping everything.
 
 The checks run in ``pytest_runtest_setup`` (before any fixture), so a module- or
@@ -149,6 +150,19 @@ def _ray_problem() -> str | None:
     return None
 
 
+@functools.cache
+def _criu_problem() -> str | None:
+    """Why sandboxes cannot be checkpointed here, or None (root and CRIU 4.x)."""
+    from sandlot.backends import _checkpoint
+
+    if os.geteuid() != 0:
+        return "checkpointing a sandbox needs root (CRIU)"
+    found = _checkpoint.finding()
+    if found.status != "ok":
+        return f"{found.detail} ({found.fix})"
+    return None
+
+
 _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     # (marker, word in $SANDLOT_REQUIRE that turns a skip into a failure, check)
     ("requires_bwrap", "bwrap", _bwrap_problem),
@@ -161,6 +175,7 @@ _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     ("requires_postgres", "postgres", _postgres_problem),
     ("requires_browser", "browser", _browser_problem),
     ("requires_ray", "ray", _ray_problem),
+    ("requires_criu", "criu", _criu_problem),
 )
 
 BACKEND_MARKS: dict[str, Any] = {

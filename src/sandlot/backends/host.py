@@ -2,7 +2,8 @@
 
 Public, so the CLI can show them without reaching into a backend's private modules:
 which cgroup hierarchy the host runs, whether sandlot can create the whole-sandbox
-cgroups its bubblewrap-based backends need, and a process's start time (what makes a
+cgroups its bubblewrap-based backends need, whether CRIU (checkpoint/restore) works,
+and a process's start time (what makes a
 pid in a recovery token unambiguous). Backend-specific checks are
 :meth:`sandlot.backends.Backend.checks`.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandlot._exceptions import IsolationUnavailable
-from sandlot.backends import _cgroups
+from sandlot.backends import _cgroups, _checkpoint
 from sandlot.backends._base import Finding
 from sandlot.backends._cgroups import process_start_time
 
@@ -52,8 +53,9 @@ def _sandbox_cgroups() -> Finding:
 
 
 def checks() -> list[Finding]:
-    """The host's cgroup hierarchy (info) and sandlot's whole-sandbox cgroups (ok or
-    missing, with the fix). The only change it may make is the one every first sandbox
-    makes: creating sandlot's own (empty) cgroup base directory."""
+    """The host's cgroup hierarchy (info), sandlot's whole-sandbox cgroups (ok or
+    missing, with the fix) and checkpoint/restore (CRIU). The only change it may make
+    is the one every first sandbox makes: creating sandlot's own (empty) cgroup base
+    directory."""
     _version, detail = cgroup_version()
-    return [Finding("cgroup hierarchy", "info", detail), _sandbox_cgroups()]
+    return [Finding("cgroup hierarchy", "info", detail), _sandbox_cgroups(), _checkpoint.finding()]
