@@ -11,7 +11,9 @@
     │   │                           the message says how to fix the host
     │   ├── IsolationUnavailable    a layer the policy requires cannot be applied:
     │   │                           sandlot refuses to run (fail closed)
-    │   └── SandboxStartError       the sandbox process did not come up
+    │   ├── SandboxStartError       the sandbox process did not come up
+    │   └── CheckpointError         a sandbox could not be checkpointed or restored
+    │                               (its backend or layout cannot be; CRIU's reason)
     ├── SandboxLost                 the sandbox died outside a cell; restarts on next use [exit 5]
     │   └── NodeLost                the cluster node holding it left (sandlot.ray): the
     │                               sandbox and its state are gone for good
@@ -76,6 +78,12 @@ class IsolationUnavailable(BackendError):
 
 class SandboxStartError(BackendError):
     """The sandbox process exited or stayed silent while starting."""
+
+
+class CheckpointError(BackendError):
+    """A sandbox could not be checkpointed (paused, snapshotted, forked) or restored:
+    its backend or namespace layout cannot be, the host lacks CRIU, or CRIU failed
+    (the message carries its reason)."""
 
 
 class SandboxLost(SandlotError):

@@ -336,6 +336,10 @@ class SandboxSpec:
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     """Where the sandbox may connect out. The default (empty ``allow_out``) is no
     network at all: a private network namespace with only its own loopback."""
+    checkpointable: bool = False
+    """Start the sandbox in the namespace layout CRIU can checkpoint, so that it can be
+    paused, snapshotted and forked (docs/persistence.md). Needs root and CRIU 4.x; a
+    bubblewrap cold start (not a zygote's fork); no network policy yet."""
 
     def __post_init__(self) -> None:
         for key, value in self.envs.items():

@@ -4,6 +4,7 @@ tests/integration/test_checkpoint.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_restore_command_line() -> None:
     assert _checkpoint.restore_argv(plan, criu="/c") == [
         "/c", "restore", "-D", "/i", "-o", "restore.log", "--shell-job", "-v4", "-d",
         "--pidfile", "restored.pid", "--root", "/r", "--ext-mount-map", "auto",
-        "--inherit-fd", "fd[5]:socket:[77]",
+        "--manage-cgroups=ignore", "--inherit-fd", "fd[5]:socket:[77]",
     ]  # fmt: skip
 
 
@@ -91,3 +92,29 @@ def test_doctor_names_the_fix_without_criu(monkeypatch: pytest.MonkeyPatch, tmp_
     found = _checkpoint.finding()
     assert found.status == "warn"
     assert "setup-criu.sh" in found.fix
+
+
+def test_mount_points_are_what_the_command_line_mounts(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    argv = [
+        "bwrap", "--unshare-pid", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
+        "--ro-bind", str(tmp_path / "file"), "/etc/passwd", "--setenv", "A", "/not/a/mount",
+        "--proc", "/proc", "--perms", "1777", "--size", "5", "--tmpfs", "/tmp",
+        "--tmpfs", "/home/user", "--chdir", "/home/user", "--remount-ro", "/",
+        "--", "/usr/bin/python3", "--tmpfs", "/after/the/command",
+    ]  # fmt: skip
+    points = _checkpoint.mount_points(argv)
+    assert [(p.path, p.kind, p.target) for p in points] == [
+        ("/etc", "dir", ""),
+        ("/home", "dir", ""),
+        ("/lib", "symlink", "usr/lib"),
+        ("/proc", "dir", ""),
+        ("/tmp", "dir", ""),
+        ("/usr", "dir", ""),
+        ("/etc/passwd", "file", ""),
+        ("/home/user", "dir", ""),
+    ]
+    root = tmp_path / "root"
+    _checkpoint.build_root(points, str(root))
+    assert (root / "etc/passwd").is_file() and (root / "home/user").is_dir()
+    assert os.readlink(root / "lib") == "usr/lib"

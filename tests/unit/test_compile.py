@@ -103,6 +103,9 @@ ARITY = {
     "--unshare-uts": 0,
     "--unshare-cgroup-try": 0,
     "--disable-userns": 0,
+    # A checkpointable sandbox: the host's user namespace, every capability dropped.
+    "--userns": 1,
+    "--cap-drop": 1,
     "--seccomp": 1,
     "--as-pid-1": 0,
     "--die-with-parent": 0,
@@ -251,6 +254,21 @@ def test_every_namespace_is_unshared(case: str) -> None:
     # Never the weaker "try" variants where a real namespace is required.
     assert "--unshare-user-try" not in build_argv(*CASES[case])
     assert "--share-net" not in build_argv(*CASES[case])
+
+
+def test_a_checkpointable_sandbox_joins_the_hosts_user_namespace_and_drops_every_cap() -> None:
+    argv = build_argv(DEFAULT_SPEC, replace(LAYOUT, userns_fd=9))
+    options = {name for name, _ in parse(argv)[0]}
+    assert argv[argv.index("--userns") + 1] == "9"
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    # One user namespace (CRIU refuses nested ones): not bwrap's own, not a second one.
+    assert "--unshare-user" not in options and "--disable-userns" not in options
+    for flag in ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"):
+        assert flag in options, flag
+    same = build_argv(DEFAULT_SPEC, LAYOUT)
+    assert [a for a in argv if a not in ("--userns", "9", "--cap-drop", "ALL")] == [
+        a for a in same if a not in ("--unshare-user", "--disable-userns")
+    ]
 
 
 def test_disable_userns_follows_the_layout() -> None:

@@ -61,6 +61,8 @@ VALID_REQUESTS: dict[str, dict[str, Any]] = {
     "fs_rename": {"src": "a", "dst": "b"},
     "fs_watch": {"path": ".", "recursive": True},
     "fs_watch_stop": {"target": "sbx-2"},
+    "checkpoint": {},
+    "resumed": {},
     "shutdown": {},
 }
 

@@ -24,6 +24,11 @@ backend it is (:mod:`sandlot.backends` runs them for every declared backend):
 * :meth:`Backend.reap` with a :meth:`SandboxHandle.recovery_token`: how a restarted
   server destroys a sandbox its crashed predecessor left running.
 
+Checkpoints (pause, snapshots, fork): :meth:`SandboxHandle.checkpoint` writes the
+sandbox's whole state to a directory and ends it; :meth:`Backend.restore` starts a
+new sandbox from such a directory, as many times as asked. Both default to a
+:class:`~sandlot.CheckpointError` (the backend cannot).
+
 Each has a safe default (nothing to check, nothing to clean, nothing to reap), so a
 backend implements only what its technology leaves behind.
 """
@@ -152,6 +157,16 @@ class SandboxHandle(ABC):
         """
         return None
 
+    def checkpoint(self, dest: str) -> None:
+        """Write this sandbox's whole state (processes, memory, files) into the empty
+        directory ``dest`` and end the sandbox; :meth:`Backend.restore` brings it back.
+        Only between calls (nothing in flight). CheckpointError if it cannot be (the
+        sandbox is then left running when it can be, ended when not: the message
+        says). Default: cannot."""
+        from sandlot._exceptions import CheckpointError
+
+        raise CheckpointError(f"{type(self).__name__} sandboxes cannot be checkpointed")
+
 
 class Backend(ABC):
     """Starts sandboxes of one isolation technology."""
@@ -214,6 +229,15 @@ class Backend(ABC):
         shape, return False for anything unexpected, and make sure it still names the
         same sandbox before killing anything. Never raises. Default: nothing to do."""
         return False
+
+    def restore(self, source: str, spec: SandboxSpec) -> SandboxHandle:
+        """A new sandbox from the checkpoint in ``source`` (written by
+        :meth:`SandboxHandle.checkpoint` of this backend's sandbox), with isolation
+        layers of its own (namespaces, host ids, cgroup with ``spec``'s limits); the
+        directory is left as it was, so it can be restored again. Default: cannot."""
+        from sandlot._exceptions import CheckpointError
+
+        raise CheckpointError(f"the {self.name} backend cannot restore checkpoints")
 
     def pool_key(self) -> tuple[object, ...]:
         """What, besides the spec, decides the sandbox this backend starts: a warm pool

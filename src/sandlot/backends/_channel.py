@@ -284,6 +284,8 @@ class ChannelHandle(SandboxHandle):
         self._exit_fd: int | None = None
         self._own_exit_fd = False
         self._waiter: threading.Thread | None = None
+        self._checkpointing = False
+        """The runner was asked to let go of the channel for a checkpoint."""
         self._watch_exit()
 
     # --- the process's exit -----------------------------------------------------------
@@ -542,7 +544,11 @@ class ChannelHandle(SandboxHandle):
     def _end_of_channel(self) -> None:
         """The sandbox's end of the channel closed: everything in it is gone (or it
         closed the channel, which only the sandbox's death should do)."""
-        if not self._dead:
+        if not self._dead and self._checkpointing:
+            # The runner let go of its end to be checkpointed: the process ends when
+            # CRIU is done with it (or is killed if CRIU fails), not here.
+            self._die("the sandbox was checkpointed")
+        elif not self._dead:
             try:
                 code = self._process.wait(timeout=2)
                 self._die(f"the sandbox exited (status {code})")
@@ -553,6 +559,25 @@ class ChannelHandle(SandboxHandle):
         self._set_drained()
 
     # --- requests ---------------------------------------------------------------------
+    def prepare_checkpoint(self, timeout: float) -> None:
+        """Ask the runner to let go of the channel so that its processes can be
+        checkpointed; returns once it has (the channel is of no more use then).
+        RuntimeError if a call is in flight (a checkpoint is taken between calls) or
+        the runner does not answer."""
+        with self._lock:
+            if self._streams:
+                raise RuntimeError(f"{len(self._streams)} call(s) still running in the sandbox")
+            if self._dead:
+                raise RuntimeError(f"the sandbox is gone: {self._death_reason}")
+            self._checkpointing = True
+        stream = self.request({"type": "checkpoint"})
+        try:
+            event = stream.next(timeout)
+        finally:
+            stream.close()
+        if event is None or event.get("type") != "reply" or not event.get("ok"):
+            raise RuntimeError(f"the sandbox did not get ready for a checkpoint: {event}")
+
     def request(self, message: dict[str, Any]) -> EventStream:
         rid = str(message.get("id") or f"r{next(self._ids)}")
         message = {**message, "id": rid}

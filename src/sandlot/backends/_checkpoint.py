@@ -22,24 +22,17 @@ they are mapped to unprivileged host ids of the sandbox's own.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import os
 import re
 import shutil
 import signal
-import socket
 import struct
 import subprocess
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from sandlot.backends._base import Finding
-
-T = TypeVar("T")
 
 CRIU_FIX = "run `sudo scripts/setup-criu.sh` (builds CRIU 4.x from Debian's source package)"
 """How to fix a host without a working CRIU (``sandlot doctor`` and refusals say it)."""
@@ -183,65 +176,33 @@ def rewrite_userns(images_dir: str, maps: UsernsMaps) -> None:
 # --- a user namespace made by the host ----------------------------------------------
 
 _CLONE_NEWUSER = 0x10000000
-_CLONE_NEWNET = 0x40000000
-_SIOCGIFFLAGS = 0x8913
-_SIOCSIFFLAGS = 0x8914
-_IFF_UP = 0x1
 
 
-class _Unshare:
-    """``preexec_fn`` of the placeholder process: become ``owner`` (uid, gid), then
-    enter a new user namespace, which ``owner`` therefore owns, and a network namespace
-    that belongs to it."""
-
-    def __init__(self, owner: tuple[int, int]) -> None:
-        self._owner = owner
-        self._libc = ctypes.CDLL(None, use_errno=True)
-
-    def __call__(self) -> None:
-        uid, gid = self._owner
-        if os.getuid() != uid:
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-        if self._libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET)")
+def _unshare_user() -> None:
+    """``preexec_fn`` of the placeholder process: enter a new user namespace."""
+    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
 
 
-@dataclass(slots=True)
-class Namespaces:
-    """Descriptors of a checkpointable sandbox's user namespace and the network
-    namespace that belongs to it (loopback up); :meth:`close` when the sandbox runs."""
+def make_userns(maps: UsernsMaps) -> int:
+    """A new user namespace with ``maps``, owned by root; returns a descriptor of it
+    (``bwrap --userns`` takes it), which the caller closes.
 
-    user: int
-    net: int
+    Owned by root, not by the sandbox's host uid: CRIU reads a task's rlimits with
+    ``prlimit``, which across users needs CAP_SYS_RESOURCE in the task's user namespace,
+    and root has every capability in a namespace it owns even where the host has taken
+    CAP_SYS_RESOURCE from it. Writing maps of more than one line takes CAP_SETUID and
+    CAP_SETGID on the host: root only. setgroups is denied in it, as bubblewrap does for
+    the namespaces it makes.
 
-    def close(self) -> None:
-        for fd in (self.user, self.net):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def make_namespaces(maps: UsernsMaps, owner: tuple[int, int]) -> Namespaces:
-    """A new user namespace with ``maps``, owned by host ``owner`` (uid, gid), and a
-    network namespace of it with loopback up.
-
-    Owned by ``owner``: bubblewrap runs as that uid and needs CAP_SYS_ADMIN in the
-    namespace to join it (``--userns``), which from outside only its owner (or root)
-    has. Writing maps of more than one line takes CAP_SETUID/CAP_SETGID on the host:
-    root only. setgroups is denied in it, as bubblewrap does for the namespaces it
-    makes. The network namespace is made here, not by bubblewrap, so that the host's
-    channel socket can be created inside it (:func:`in_netns`): CRIU checkpoints only
-    sockets of the namespaces it dumps.
-
-    A placeholder process (``sleep``) makes them and is gone when this returns; the
-    descriptors keep the namespaces alive."""
+    A placeholder process (``sleep``) makes it and is gone when this returns; the
+    descriptor keeps the namespace alive."""
     holder = subprocess.Popen(
         ["sleep", "30"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=_Unshare(owner),
+        preexec_fn=_unshare_user,
         close_fds=True,
         env={},
     )
@@ -253,51 +214,109 @@ def make_namespaces(maps: UsernsMaps, owner: tuple[int, int]) -> Namespaces:
             f.write("deny")
         with open(f"{base}/gid_map", "w") as f:
             f.write(map_text(maps.gid))
-        user = os.open(f"{base}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-        net = os.open(f"{base}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(f"{base}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    spaces = Namespaces(user, net)
-    try:
-        in_netns(net, _loopback_up)
-    except BaseException:
-        spaces.close()
-        raise
-    return spaces
 
 
-def _loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH", b"lo", 0)
-        flags = struct.unpack_from("16sH", fcntl.ioctl(s, _SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | _IFF_UP))
+# --- the root a restored sandbox's mounts go on -------------------------------------
+
+_MOUNT_OPTIONS = {"--ro-bind": 2, "--bind": 2, "--dev-bind": 2, "--tmpfs": 1, "--proc": 1}
+_MOUNT_OPTIONS |= {"--dev": 1, "--mqueue": 1, "--dir": 1}
+_SKIP_ONE = {"--perms", "--size", "--chdir", "--hostname", "--uid", "--gid", "--seccomp"}
+_SKIP_ONE |= {"--userns", "--cap-drop", "--cap-add", "--remount-ro", "--chmod"}
 
 
-def in_netns(netns_fd: int, fn: Callable[[], T]) -> T:
-    """``fn()`` run in the network namespace ``netns_fd``: in a thread of its own that
-    joins it (a network namespace is per thread; this process's other threads and the
-    thread itself, which ends, are not moved). Sockets it creates belong there."""
-    result: list[T] = []
-    failure: list[BaseException] = []
+@dataclass(frozen=True, slots=True)
+class MountPoint:
+    """One path of a sandbox's root: a directory, a file (a bound file) or a symlink."""
 
-    def run() -> None:
-        try:
-            if _LIBC.setns(netns_fd, _CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns(CLONE_NEWNET)")
-            result.append(fn())
-        except BaseException as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="sandlot-netns")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return result[0]
+    path: str
+    kind: str
+    """``dir``, ``file`` or ``symlink``."""
+    target: str = ""
+    """The symlink's target."""
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
+def mount_points(argv: Sequence[str]) -> tuple[MountPoint, ...]:
+    """The top of a sandbox's root filesystem as its bubblewrap command line builds it:
+    every mount point (a bound file's is a file) and symlink, parents first. A
+    restored sandbox's mounts go on a root that holds exactly these (CRIU records the
+    mounts, not the empty root tmpfs bubblewrap made them on)."""
+    points: dict[str, MountPoint] = {}
+
+    def add(path: str, kind: str, target: str = "") -> None:
+        parts = path.strip("/").split("/")
+        for depth in range(1, len(parts)):
+            parent = "/" + "/".join(parts[:depth])
+            points.setdefault(parent, MountPoint(parent, "dir"))
+        points[path] = MountPoint(path, kind, target)
+
+    args = list(argv[1 : argv.index("--")] if "--" in argv else argv[1:])
+    i = 0
+    while i < len(args):
+        option = args[i]
+        if option == "--symlink":
+            add(args[i + 2], "symlink", args[i + 1])
+            i += 3
+        elif option == "--setenv":
+            i += 3
+        elif option in _MOUNT_OPTIONS:
+            count = _MOUNT_OPTIONS[option]
+            dest = args[i + count]
+            kind = "dir"
+            if count == 2 and not os.path.isdir(args[i + 1]):
+                kind = "file"
+            add(dest, kind)
+            i += 1 + count
+        elif option in _SKIP_ONE:
+            i += 2
+        else:
+            i += 1
+    return tuple(sorted(points.values(), key=lambda p: (p.path.count("/"), p.path)))
+
+
+_MS_RDONLY = 1
+_MS_REMOUNT = 32
+_MS_BIND = 4096
+_MNT_DETACH = 2
+
+
+def read_only_root(root: str) -> None:
+    """Make ``root`` a read-only bind mount of itself: CRIU binds the restored
+    sandbox's ``/`` from it and keeps its flags (not the dumped root's)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    target = root.encode()
+    if libc.mount(target, target, None, _MS_BIND, None) != 0:
+        raise OSError(ctypes.get_errno(), f"bind-mount {root}")
+    flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY
+    if libc.mount(None, target, None, flags, None) != 0:
+        errno_ = ctypes.get_errno()
+        libc.umount2(target, _MNT_DETACH)
+        raise OSError(errno_, f"remount {root} read-only")
+
+
+def release_root(root: str) -> None:
+    """Undo :func:`read_only_root` and remove ``root`` (once its sandbox is gone)."""
+    ctypes.CDLL(None, use_errno=True).umount2(root.encode(), _MNT_DETACH)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def build_root(points: Sequence[MountPoint], root: str) -> None:
+    """Make the directories, empty files and symlinks of ``points`` under ``root``
+    (owned by root, not writable by the sandbox's user)."""
+    os.makedirs(root, mode=0o755, exist_ok=True)
+    for point in points:
+        path = os.path.join(root, point.path.lstrip("/"))
+        if point.kind == "dir":
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        elif point.kind == "file":
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            with open(path, "a"):
+                pass
+        elif not os.path.lexists(path):
+            os.symlink(point.target, path)
 
 
 # --- command lines ------------------------------------------------------------------
@@ -358,6 +377,8 @@ def restore_argv(plan: RestorePlan, criu: str = "criu") -> list[str]:
     the external mounts found again by path (--ext-mount-map auto)."""
     argv = [criu, "restore", "-D", plan.images_dir, "-o", plan.log_file, *_COMMON]
     argv += ["-d", "--pidfile", plan.pidfile, "--root", plan.root, "--ext-mount-map", "auto"]
+    # The restored tree stays in the cgroup CRIU runs in: the new sandbox's.
+    argv += ["--manage-cgroups=ignore"]
     for fd, key in plan.inherit:
         argv += ["--inherit-fd", f"fd[{fd}]:{key}"]
     return argv

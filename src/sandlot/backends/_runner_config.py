@@ -52,6 +52,8 @@ def runner_config(
     }
     if spec.network.enabled:
         config["egress"] = {"socket": EGRESS_SOCKET_GUEST, "port": EGRESS_PORT}
+    if spec.checkpointable:
+        config["checkpointable"] = True
     return config
 
 

@@ -111,6 +111,12 @@ HOST_REQUESTS: Dict[str, Dict[str, Tuple[type, ...]]] = {
     "fs_watch": {"path": (str,)},
     # End the watch of request ``target``; replies whether it was running.
     "fs_watch_stop": {"target": (str,)},
+    # Before the host checkpoints the sandbox (CRIU): the runner answers, then puts a
+    # placeholder in place of its end of this channel (CRIU cannot take a socket of the
+    # host's) and waits for "resumed", which comes over the new channel the restored
+    # sandbox is handed in its place; it answers that with "ready".
+    "checkpoint": {},
+    "resumed": {},
     "shutdown": {},
 }
 

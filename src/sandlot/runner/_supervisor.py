@@ -183,6 +183,10 @@ class Supervisor:
             kind = request["type"]
             if kind == "shutdown":
                 break
+            if kind == "checkpoint":
+                if not self.checkpoint(request["id"]):
+                    break
+                continue
             if kind == "execute":
                 task = self.start_cell(request, line)
                 if task is None:
@@ -196,6 +200,46 @@ class Supervisor:
                 # Serve this request here rather than die; restarting the context frees it.
                 task()
         self.shutdown()
+
+    def checkpoint(self, rid: str) -> bool:
+        """Get ready to be checkpointed: answer, let go of the host's channel (a socket
+        of the host's network namespace, which CRIU cannot take), wait to be restored.
+
+        The host's end is replaced, under the same descriptor number, by a stream socket
+        that is not connected (not a datagram socket: CRIU would wait for a sender to
+        refill its queue; not a pipe: CRIU reopens an inherited pipe, which a socket
+        cannot be); this thread checks every 2 ms whether that number holds a
+        connected socket again, which it does only in the restored sandbox: CRIU hands
+        the host's new channel in for the placeholder. Its first line is "resumed".
+        The send lock is held throughout, so no other thread writes to the placeholder
+        (that would fail, and a failed write ends the sandbox); they wait and send on
+        the new channel. Returns False if the channel
+        closed instead (the host gave up: end)."""
+        if not isinstance(self.sock, socket.socket):
+            self.fail(rid, "CheckpointError", "this sandbox's channel cannot be checkpointed")
+            return True
+        fd = self.sock.fileno()
+        with self.send_lock:
+            self.sock.sendall(encode({"type": "reply", "id": rid, "ok": True, "value": None}))
+            placeholder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            os.dup2(placeholder.fileno(), fd)
+            placeholder.close()
+            while not _connected(self.sock):
+                time.sleep(0.002)
+            line = self.reader.readline()
+            if not line:
+                return False
+            try:
+                request = decode(line, HOST_REQUESTS)
+            except ProtocolViolation as exc:
+                sys.stderr.write("sandlot runner: bad request after restore: %s\n" % exc)
+                return False
+            if request["type"] != "resumed":
+                sys.stderr.write("sandlot runner: expected resumed after a checkpoint\n")
+                return False
+            ready = {"type": "ready", "version": PROTOCOL_VERSION, "python": sys.version.split()[0]}
+            self.sock.sendall(encode(ready))
+        return True
 
     def start_cell(self, request: Dict[str, Any], line: bytes) -> Optional[Callable[[], None]]:
         """Hand a cell to an idle kernel right here, on the thread that read it: no
@@ -664,6 +708,14 @@ def home_files() -> List[Tuple[str, bytes]]:
     return files
 
 
+def _connected(sock: socket.socket) -> bool:
+    try:
+        sock.getpeername()
+    except OSError:
+        return False
+    return True
+
+
 def main(argv: List[str]) -> int:
     sock: "socket.socket | StdioChannel"
     if "--stdio" in argv:
@@ -734,6 +786,17 @@ def run(
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.stderr.write("sandlot runner: cannot become a child subreaper\n")
         return 70
+    if config.get("checkpointable") and isinstance(sock, socket.socket):
+        # Standard input and output are the host's /dev/null, a file CRIU cannot find in
+        # the sandbox's mounts: the sandbox's own instead (kernels inherit it). bwrap
+        # leaves the user namespace descriptor it joined open: close every descriptor
+        # but the channel and stderr (nothing else of the host's belongs here).
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
+        os.closerange(3, sock.fileno())
+        os.closerange(sock.fileno() + 1, 65536)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # Python's own SIGINT handler (KeyboardInterrupt) would let user code kill pid 1
     # with `kill -INT 1`: the kernel drops a signal from inside the pid namespace only

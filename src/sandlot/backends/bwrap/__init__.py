@@ -15,11 +15,12 @@ from typing import Any
 
 from sandlot._exceptions import (
     BackendUnavailable,
+    CheckpointError,
     IsolationUnavailable,
     SandboxStartError,
 )
 from sandlot.backends._base import Backend, Finding, Probe, SandboxHandle
-from sandlot.backends.bwrap import _host, _seccomp
+from sandlot.backends.bwrap import _host, _persist, _seccomp
 from sandlot.backends.bwrap._compile import build_argv, runner_config
 from sandlot.backends.bwrap._host import (
     SPAWNER,
@@ -76,6 +77,11 @@ class BwrapBackend(Backend):
     def reap(cls, token: Mapping[str, Any]) -> bool:
         return _host.reap(token)
 
+    def restore(self, source: str, spec: SandboxSpec) -> SandboxHandle:
+        if spec.network.enabled:
+            raise CheckpointError("a sandbox with a network policy cannot be restored yet")
+        return _persist.restore(source, spec)
+
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         probe = self.probe()
         if not probe.available:
@@ -93,7 +99,17 @@ class BwrapBackend(Backend):
                 failed = cleanup.enter_context(contextlib.ExitStack())
                 failed.callback(group.destroy)
             # This sandbox's own host uid/gid (as root): given back when it ends.
-            ids = host_ids()
+            userns_fd: int | None = None
+            ids: Any
+            if spec.checkpointable:
+                if spec.network.enabled:
+                    raise CheckpointError(
+                        "a sandbox with a network policy cannot be checkpointable yet"
+                    )
+                ids, userns_fd = _persist.checkpointable_ids()
+                cleanup.callback(os.close, userns_fd)
+            else:
+                ids = host_ids()
             drop = ids.pair if ids is not None else None
             if ids is not None:
                 failed_ids = cleanup.enter_context(contextlib.ExitStack())
@@ -114,21 +130,27 @@ class BwrapBackend(Backend):
                 channel_fd=child_sock.fileno(),
                 seccomp_fd=program_fd,
                 egress_socket=lease.socket_path if lease is not None else None,
+                userns_fd=userns_fd,
             )
             fd = child_sock.fileno()
             argv = build_argv(spec, layout, bwrap=bwrap)
+            extra_fds = () if userns_fd is None else (userns_fd,)
             try:
                 # env={}: bwrap's own process (pid 1 inside) keeps the environment it was
-                # started with, visible as /proc/1/environ; give it nothing.
+                # started with, visible as /proc/1/environ; give it nothing. A
+                # checkpointable sandbox's bwrap runs as root (it joins a root-owned
+                # user namespace; the sandbox's processes run as its host ids there).
                 process = SPAWNER.popen(
                     argv,
                     env={},
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
-                    pass_fds=(fd, program_fd),
+                    pass_fds=(fd, program_fd, *extra_fds),
                     close_fds=True,
-                    preexec_fn=Enter(group.attach_fds if group else (), drop),
+                    preexec_fn=Enter(
+                        group.attach_fds if group else (), None if userns_fd is not None else drop
+                    ),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 host_sock.close()
@@ -154,6 +176,11 @@ class BwrapBackend(Backend):
             egress=lease,
             resources=spec.resources,
             ids=ids,
+            checkpointer=(
+                _persist.checkpointer(_persist.info_from_argv(argv, fd))
+                if spec.checkpointable
+                else None
+            ),
         )
         try:
             handle.wait_ready(START_TIMEOUT)

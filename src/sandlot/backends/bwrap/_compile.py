@@ -90,6 +90,10 @@ class HostLayout:
     egress_socket: str | None = None
     """Host path of this sandbox's own socket to the egress proxy; required when the
     spec has a network policy, mounted at :data:`EGRESS_SOCKET_GUEST`."""
+    userns_fd: int | None = None
+    """A user namespace the host made for a checkpointable sandbox
+    (:func:`sandlot.backends._checkpoint.make_userns`): bwrap joins it instead of making
+    its own, nested one, which CRIU cannot checkpoint."""
 
 
 def runner_config(
@@ -115,16 +119,23 @@ def build_argv(spec: SandboxSpec, layout: HostLayout, bwrap: str = "bwrap") -> l
     r = spec.resources
     argv: list[str] = [bwrap]
     # Namespaces. --unshare-user (not -try): without a user namespace bwrap would need
-    # setuid, and we never run it that way.
+    # setuid, and we never run it that way. A checkpointable sandbox joins the one the
+    # host made instead (bwrap then runs as root and makes the others inside it): one
+    # user namespace, not nested, which CRIU can checkpoint. Its nested namespaces are
+    # refused by the syscall filter, as for every sandbox; and it drops every capability,
+    # bounding set included, which bwrap run as root would otherwise keep there.
+    if layout.userns_fd is None:
+        argv.append("--unshare-user")
+    else:
+        argv += ["--userns", str(layout.userns_fd), "--cap-drop", "ALL"]
     argv += [
-        "--unshare-user",
         "--unshare-pid",
         "--unshare-net",
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",
     ]
-    if layout.disable_userns:
+    if layout.disable_userns and layout.userns_fd is None:
         argv.append("--disable-userns")
     # The syscall filter (sandlot.seccomp), installed by bwrap with no_new_privs just
     # before it execs the runner: every process in the sandbox inherits it.

@@ -19,6 +19,7 @@ import os
 import queue
 import re
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -34,6 +36,7 @@ from typing import Any
 import sandlot.protocol
 import sandlot.runner
 from sandlot._exceptions import (
+    CheckpointError,
     IsolationUnavailable,
 )
 from sandlot._models import NetworkEvent, ResourceUsage
@@ -307,6 +310,7 @@ def host_layout(
     channel_fd: int,
     seccomp_fd: int,
     egress_socket: str | None = None,
+    userns_fd: int | None = None,
 ) -> HostLayout:
     """The host paths a sandbox of ``template`` is built from (checked readable by the
     uid sandboxes run as, when sandlot runs as root)."""
@@ -326,7 +330,59 @@ def host_layout(
         channel_fd=channel_fd,
         seccomp_fd=seccomp_fd,
         egress_socket=egress_socket,
+        userns_fd=userns_fd,
     )
+
+
+class _ForkedSandbox:
+    """A zygote-made sandbox's pid 1, seen from the host: not our child, so it is
+    watched and signalled through a pidfd (no pid-reuse race). The pidfd stays open
+    until this object is collected: the handle's waiter thread and ``kill()`` may wait
+    on it at the same time, and closing it under one of them could let the number be
+    reused by an unrelated file."""
+
+    is_pid_namespace_init = True
+    """Its death ends every process of the sandbox (the kernel kills its pid namespace)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._pidfd = os.pidfd_open(pid)
+        self._exited = False
+        # Not at interpreter exit: daemon threads may still be waiting on it then.
+        weakref.finalize(self, os.close, self._pidfd).atexit = False
+
+    def exit_fd(self) -> int:
+        """The pidfd: readable once the sandbox's pid 1 has exited (the handle's exit is
+        watched through it by the process-wide reaper, not by a thread of its own)."""
+        return self._pidfd
+
+    def kill(self) -> None:
+        if not self._exited:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def running(self) -> bool:
+        """Still alive (when it has exited, every process of its pid namespace has too)."""
+        if not self._exited:
+            self._exited = _readable(self._pidfd, 0)
+        return not self._exited
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._exited:
+            if not _readable(self._pidfd, timeout):
+                raise subprocess.TimeoutExpired(f"sandbox {self.pid}", timeout or 0)
+            self._exited = True
+        return -signal.SIGKILL
+
+
+def _readable(fd: int, timeout: float | None) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout`` seconds (None: no limit).
+
+    poll(), not select(): a process with a thousand sandboxes has descriptors past
+    select()'s 1024, which it refuses outright."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
 
 
 class BwrapHandle(ChannelHandle):
@@ -343,11 +399,15 @@ class BwrapHandle(ChannelHandle):
         egress: EgressLease | None = None,
         exit_reason: Callable[[int], str] | None = None,
         resources: Resources | None = None,
-        ids: _hostids.HostIds | None = None,
+        ids: _hostids.HostIds | Any | None = None,
+        checkpointer: Callable[[BwrapHandle, str], None] | None = None,
+        on_release: Callable[[], None] | None = None,
     ) -> None:
         self._cgroup = cgroup
         self._egress = egress
         self._host_ids = ids
+        self._checkpointer = checkpointer
+        self._on_release = on_release
         super().__init__(
             sock,
             process,
@@ -375,7 +435,22 @@ class BwrapHandle(ChannelHandle):
     def _process_is_init(self) -> bool:
         return bool(getattr(self._process, "is_pid_namespace_init", False))
 
+    @property
+    def process(self) -> SandboxProcess:
+        """The host process whose death ends the sandbox (bwrap, or its pid 1)."""
+        return self._process
+
+    def checkpoint(self, dest: str) -> None:
+        if self._checkpointer is None:
+            raise CheckpointError(
+                "this sandbox cannot be checkpointed: it was not started checkpointable "
+                "(Sandbox(checkpointable=True), a bubblewrap cold start as root with CRIU)"
+            )
+        self._checkpointer(self, dest)
+
     def _release(self) -> None:
+        if self._on_release is not None:
+            self._on_release()
         if self._egress is not None:
             self._egress.close()
         if self._cgroup is not None and not self._cgroup.destroy():

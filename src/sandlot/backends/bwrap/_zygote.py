@@ -42,14 +42,11 @@ import logging
 import os
 import resource
 import secrets
-import select
-import signal
 import socket
 import struct
 import subprocess
 import threading
 import time
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +63,8 @@ from sandlot.backends.bwrap._host import (
     BwrapHandle,
     Enter,
     StderrTail,
+    _ForkedSandbox,
+    _readable,
     bwrap_path,
     cgroup_for,
     host_ids,
@@ -184,57 +183,6 @@ class _ZygoteFull(Exception):
         self.any_zygote = any_zygote
         """True when no zygote could fork this sandbox (its own memory limit is the
         reason), so trying or starting another zygote is pointless."""
-
-
-class _ForkedSandbox:
-    """A zygote-made sandbox's pid 1, seen from the host: not our child, so it is
-    watched and signalled through a pidfd (no pid-reuse race). The pidfd stays open
-    until this object is collected: the handle's waiter thread and ``kill()`` may wait
-    on it at the same time, and closing it under one of them could let the number be
-    reused by an unrelated file."""
-
-    is_pid_namespace_init = True
-    """Its death ends every process of the sandbox (the kernel kills its pid namespace)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self._pidfd = os.pidfd_open(pid)
-        self._exited = False
-        # Not at interpreter exit: daemon threads may still be waiting on it then.
-        weakref.finalize(self, os.close, self._pidfd).atexit = False
-
-    def exit_fd(self) -> int:
-        """The pidfd: readable once the sandbox's pid 1 has exited (the handle's exit is
-        watched through it by the process-wide reaper, not by a thread of its own)."""
-        return self._pidfd
-
-    def kill(self) -> None:
-        if not self._exited:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-
-    def running(self) -> bool:
-        """Still alive (when it has exited, every process of its pid namespace has too)."""
-        if not self._exited:
-            self._exited = _readable(self._pidfd, 0)
-        return not self._exited
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._exited:
-            if not _readable(self._pidfd, timeout):
-                raise subprocess.TimeoutExpired(f"sandbox {self.pid}", timeout or 0)
-            self._exited = True
-        return -signal.SIGKILL
-
-
-def _readable(fd: int, timeout: float | None) -> bool:
-    """Whether ``fd`` becomes readable within ``timeout`` seconds (None: no limit).
-
-    poll(), not select(): a process with a thousand sandboxes has descriptors past
-    select()'s 1024, which it refuses outright."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
 
 
 class Zygote:
