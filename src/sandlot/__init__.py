@@ -56,6 +56,7 @@ from sandlot._models import (
     PtySize,
     ResourceUsage,
     Result,
+    SnapshotInfo,
     WriteInfo,
 )
 from sandlot._process import CommandHandle
@@ -115,6 +116,7 @@ __all__ = [
     "SandboxStartError",
     "SandlotError",
     "ServerError",
+    "SnapshotInfo",
     "TemplateError",
     "WatchHandle",
     "WatchLimitError",

@@ -26,11 +26,12 @@ from sandlot._models import (
     ProcessInfo,
     PtySize,
     Result,
+    SnapshotInfo,
     WriteInfo,
 )
 from sandlot._precheck_gate import PrecheckHook, PrecheckMode
 from sandlot._process import CommandHandle
-from sandlot._sandbox import Commands, Filesystem, Pty, Sandbox
+from sandlot._sandbox import Commands, Filesystem, Pty, Sandbox, _ClassOrInstance
 from sandlot._watch import FilesystemEvent, WatchHandle
 from sandlot.policy import NetworkPolicy, Resources
 from sandlot.validate import DEFAULT_COMMAND_TIMEOUT, DEFAULT_SANDBOX_TIMEOUT
@@ -423,6 +424,7 @@ class AsyncSandbox:
         api_key: str | None = None,
         pool: Pool | bool | None = None,
         network: NetworkPolicy | Mapping[str, Any] | None = None,
+        checkpointable: bool = False,
     ) -> AsyncSandbox:
         """Start a sandbox (in a worker thread); the arguments are :class:`Sandbox`'s."""
         sync = await _in_thread(
@@ -441,8 +443,41 @@ class AsyncSandbox:
             api_key=api_key,
             pool=pool,
             network=network,
+            checkpointable=checkpointable,
         )
         return cls(sync)
+
+    # --- pause, resume, snapshots, fork (see Sandbox) ----------------------------------
+    async def pause(self) -> bool:
+        return await _in_thread(self._sync.pause)
+
+    async def _connect_instance(self, timeout: float | None = None) -> AsyncSandbox:
+        await _in_thread(self._sync.connect, timeout)
+        return self
+
+    @staticmethod
+    async def _connect_class(
+        cls: type[AsyncSandbox], sandbox_id: str, timeout: float | None = None, **kwargs: Any
+    ) -> AsyncSandbox:
+        sync = await _in_thread(Sandbox.connect, sandbox_id, timeout, **kwargs)
+        return cls(sync)
+
+    connect = _ClassOrInstance(_connect_class, _connect_instance)
+
+    async def create_snapshot(self, name: str | None = None) -> SnapshotInfo:
+        return await _in_thread(self._sync.create_snapshot, name)
+
+    async def fork(self, count: int = 1) -> list[AsyncSandbox | Exception]:
+        copies = await _in_thread(self._sync.fork, count)
+        return [c if isinstance(c, Exception) else type(self)(c) for c in copies]
+
+    @staticmethod
+    async def list_snapshots() -> list[SnapshotInfo]:
+        return await _in_thread(Sandbox.list_snapshots)
+
+    @staticmethod
+    async def delete_snapshot(snapshot_id: str) -> bool:
+        return await _in_thread(Sandbox.delete_snapshot, snapshot_id)
 
     @property
     def sandbox_id(self) -> str:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         Execution,
         ProcessInfo,
         PtySize,
+        SnapshotInfo,
         WriteInfo,
     )
     from sandlot._process import ProcessStream
@@ -64,6 +65,11 @@ class SandboxOptions:
     api_key: str | None = None
     pool: Pool | bool | None = None
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    checkpointable: bool = False
+    """Start in the layout that can be paused, snapshotted and forked (local mode:
+    a bubblewrap cold start; docs/persistence.md)."""
+    snapshot: str | None = None
+    """Start from this snapshot (``Sandbox.create(snapshot_id)``) instead of afresh."""
 
 
 class Core(Protocol):
@@ -99,6 +105,22 @@ class Core(Protocol):
 
     def kill(self) -> None:
         """Idempotent; never raises for a sandbox that is already gone."""
+
+    def pause(self) -> bool:
+        """Checkpoint the sandbox to disk and free it; False if it was paused already.
+        CheckpointError if it cannot be (not started checkpointable, a call running)."""
+        ...
+
+    def resume(self) -> None:
+        """Bring a paused sandbox back (a no-op for a running one)."""
+
+    def create_snapshot(self, name: str | None) -> SnapshotInfo:
+        """Checkpoint the sandbox into a new snapshot and carry on from it."""
+        ...
+
+    def fork(self, count: int) -> list[Core | Exception]:
+        """``count`` independent running copies of the sandbox as it is now."""
+        ...
 
     def run_code(
         self,

@@ -20,10 +20,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sandlot._core import HOST_BACKSTOP, REQUEST_TIMEOUT, SandboxOptions
+from sandlot._checkpoints import CheckpointRecord, CheckpointStore, new_snapshot_id
+from sandlot._core import HOST_BACKSTOP, REQUEST_TIMEOUT, Core, SandboxOptions
 from sandlot._exceptions import (
+    CheckpointError,
     ContextNotFoundError,
     FileOperationError,
     InvalidArgumentError,
@@ -46,6 +49,7 @@ from sandlot._models import (
     ProcessInfo,
     PtySize,
     ResourceUsage,
+    SnapshotInfo,
     WriteInfo,
     context_from_wire,
     entries_from_wire,
@@ -161,27 +165,46 @@ _ERRORS: dict[str, type[SandlotError]] = {
 class LocalCore:
     """A sandbox on this machine, through a backend (:class:`sandlot._core.Core`)."""
 
-    def __init__(self, options: SandboxOptions) -> None:
+    def __init__(self, options: SandboxOptions, *, record: CheckpointRecord | None = None) -> None:
+        """``record``: a checkpoint this core starts from (a paused sandbox, resumed
+        under its own id, or a snapshot, started under a new one)."""
         self.pool = _pool(options.pool)
-        self.sandbox_id = uuid.uuid4().hex[:16]
+        checkpointable = options.checkpointable or record is not None
+        if checkpointable and self.pool is not None:
+            raise InvalidArgumentError("a sandbox from a pool cannot be checkpointable")
+        paused = record is not None and record.kind == "pause"
+        self.sandbox_id = record.sandbox_id if paused and record else uuid.uuid4().hex[:16]
+        source = options if record is None else record
         self.spec = SandboxSpec(
-            template=options.template,
-            resources=options.resources,
-            envs=dict(options.envs),
-            unsafe_best_effort_limits=options.unsafe_best_effort_limits,
+            template=source.template,
+            resources=source.resources,
+            envs=dict(source.envs),
+            unsafe_best_effort_limits=source.unsafe_best_effort_limits,
             preload=() if self.pool is None else self.pool.preload,
             sandbox_id=self.sandbox_id,
             network=options.network,
+            checkpointable=checkpointable,
         )
-        self.backend = get_backend(options.backend)
-        self.metadata = dict(options.metadata)
+        # A checkpointable sandbox starts cold: a zygote's fork cannot be checkpointed.
+        backend = options.backend
+        if checkpointable and backend == "auto":
+            backend = "bwrap"
+        self.backend = get_backend(backend)
+        self.metadata = dict(options.metadata if record is None else record.metadata)
+        self._options = options
         self._handle: SandboxHandle | None = None
         self._lock = threading.RLock()
         self._closed = False
         self._timer: list[Any] | None = None
         self._ids = itertools.count(1)
         self.restarts = 0
-        self.set_timeout(options.timeout)
+        self._store = CheckpointStore()
+        self._paused = paused
+        """Checkpointed into the store under :attr:`sandbox_id`; resumed on next use."""
+        self._start_from = None if record is None or paused else record.id
+        """A snapshot the first start restores instead of starting afresh."""
+        if not paused:  # a paused one's timeout starts when it is resumed
+            self.set_timeout(options.timeout)
 
     @classmethod
     def open(cls, options: SandboxOptions) -> LocalCore:
@@ -202,6 +225,11 @@ class LocalCore:
         with self._lock:
             if self._closed:
                 raise SandboxClosed(f"sandbox {self.sandbox_id} was killed")
+            if self._paused:
+                self._resume()
+            elif self._start_from is not None:
+                snapshot, self._start_from = self._start_from, None
+                self._handle = self.backend.restore(str(self._store.images(snapshot)), self.spec)
             if self._handle is None or not self._handle.alive:
                 if self._handle is not None:
                     self._handle.kill()
@@ -237,8 +265,131 @@ class LocalCore:
                 _TIMEOUTS.cancel(self._timer)
                 self._timer = None
             handle, self._handle = self._handle, None
+            if self._paused:
+                # Killing a paused sandbox deletes it (its checkpoint) for good.
+                self._paused = False
+                self._store.delete(self.sandbox_id)
         if handle is not None:
             handle.kill()
+
+    # --- checkpoints ------------------------------------------------------------------
+    def _record(self, kind: str, checkpoint_id: str, name: str = "") -> CheckpointRecord:
+        return CheckpointRecord(
+            id=checkpoint_id,
+            kind=kind,
+            sandbox_id=self.sandbox_id,
+            template=self.spec.template,
+            resources=self.spec.resources,
+            envs=dict(self.spec.envs),
+            metadata=dict(self.metadata),
+            unsafe_best_effort_limits=self.spec.unsafe_best_effort_limits,
+            name=name,
+        )
+
+    def _checkpoint(self, record: CheckpointRecord) -> CheckpointRecord:
+        """Checkpoint the running sandbox into a new store entry for ``record``; the
+        sandbox has ended when this returns. Under the lock."""
+        if self._closed:
+            raise SandboxClosed(f"sandbox {self.sandbox_id} was killed")
+        handle = self._handle
+        if handle is None or not handle.alive:
+            raise CheckpointError(f"sandbox {self.sandbox_id} is not running")
+        if not self.spec.checkpointable:
+            raise CheckpointError(
+                "this sandbox cannot be checkpointed: create it with "
+                "Sandbox(checkpointable=True) to pause, snapshot or fork it"
+            )
+        images = self._store.create(record)
+        try:
+            handle.checkpoint(str(images))
+        except BaseException:
+            self._store.delete(record.id)
+            if not handle.alive:
+                self._handle = None
+            raise
+        self._handle = None
+        return self._store.commit(record)
+
+    def pause(self) -> bool:
+        with self._lock:
+            if self._paused:
+                return False
+            self._store.delete(self.sandbox_id)  # one a crashed process left behind
+            self._checkpoint(self._record("pause", self.sandbox_id))
+            self._paused = True
+            if self._timer is not None:  # a paused sandbox is kept until resumed or killed
+                _TIMEOUTS.cancel(self._timer)
+                self._timer = None
+            return True
+
+    def resume(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise SandboxClosed(f"sandbox {self.sandbox_id} was killed")
+            if self._paused:
+                self._resume()
+
+    def _resume(self) -> None:
+        if self._store.get(self.sandbox_id) is None:
+            raise CheckpointError(f"sandbox {self.sandbox_id} has no checkpoint to resume")
+        images = self._store.images(self.sandbox_id)
+        self._handle = self.backend.restore(str(images), self.spec)
+        self._paused = False
+        self._store.delete(self.sandbox_id)
+        self.set_timeout(self._options.timeout)
+
+    def create_snapshot(self, name: str | None) -> SnapshotInfo:
+        with self._lock:
+            if self._paused:
+                self._resume()
+            record = self._checkpoint(self._record("snapshot", new_snapshot_id(), name or ""))
+            # This sandbox carries on from the snapshot it just took.
+            self._handle = self.backend.restore(str(self._store.images(record.id)), self.spec)
+        return SnapshotInfo(record.id, [name] if name else [])
+
+    def fork(self, count: int) -> list[Core | Exception]:
+        snapshot = self.create_snapshot(None)
+        try:
+            with ThreadPoolExecutor(max_workers=min(count, 8)) as pool:
+                futures = [
+                    pool.submit(LocalCore.from_snapshot, snapshot.snapshot_id, self._options)
+                    for _ in range(count)
+                ]
+            copies: list[Core | Exception] = []
+            for future in futures:
+                try:
+                    copies.append(future.result())
+                except Exception as exc:
+                    copies.append(exc)
+            return copies
+        finally:
+            self._store.delete(snapshot.snapshot_id)
+
+    @classmethod
+    def from_snapshot(cls, snapshot_id: str, options: SandboxOptions) -> LocalCore:
+        """A new sandbox started from a snapshot (its template, limits and envs)."""
+        record = CheckpointStore().get(snapshot_id)
+        if record is None or record.kind != "snapshot":
+            raise CheckpointError(f"no snapshot {snapshot_id!r} on this machine")
+        return cls._started(cls(options, record=record))
+
+    @classmethod
+    def connect(cls, sandbox_id: str, options: SandboxOptions) -> LocalCore:
+        """The paused sandbox ``sandbox_id`` (on this machine), resumed."""
+        record = CheckpointStore().get(sandbox_id)
+        if record is None or record.kind != "pause":
+            raise CheckpointError(f"no paused sandbox {sandbox_id!r} on this machine")
+        return cls._started(cls(options, record=record))
+
+    @staticmethod
+    def _started(core: LocalCore) -> LocalCore:
+        try:
+            core.start()
+        except BaseException:
+            if not core._paused:
+                core.kill()
+            raise
+        return core
 
     def _next_id(self) -> str:
         return f"{self.sandbox_id}-{next(self._ids)}"

@@ -144,6 +144,16 @@ class ExecutionError:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """A snapshot of a sandbox (``Sandbox.create_snapshot()``): start any number of new
+    sandboxes from it with ``Sandbox.create(snapshot_id)``."""
+
+    snapshot_id: str
+    names: list[str] = field(default_factory=list)
+    """The name it was given (``create_snapshot(name=...)``), if any."""
+
+
+@dataclass(frozen=True, slots=True)
 class ResourceUsage:
     """What the whole sandbox used, read from its cgroup (None: not measured here)."""
 

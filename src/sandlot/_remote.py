@@ -37,7 +37,7 @@ import wsproto
 import wsproto.events as ws
 
 from sandlot import _exceptions as errors
-from sandlot._core import HOST_BACKSTOP, REQUEST_TIMEOUT, SandboxOptions
+from sandlot._core import HOST_BACKSTOP, REQUEST_TIMEOUT, Core, SandboxOptions
 from sandlot._fold import Callbacks
 from sandlot._models import (
     CommandResult,
@@ -52,6 +52,7 @@ from sandlot._models import (
     PtySize,
     ResourceUsage,
     Result,
+    SnapshotInfo,
     WriteInfo,
     context_from_wire,
     entries_from_wire,
@@ -301,6 +302,25 @@ class RemoteCore:
 
     def set_timeout(self, timeout: float | None) -> None:
         self._request("POST", self._path("/timeout"), json={"timeout": timeout})
+
+    # --- checkpoints (not over the native API yet) -----------------------------------
+    def _no_checkpoints(self) -> errors.CheckpointError:
+        return errors.CheckpointError(
+            "pause, snapshots and fork are not offered over sandlot's native API yet: "
+            "use a local sandbox (Sandbox(checkpointable=True)) or the server's E2B wire"
+        )
+
+    def pause(self) -> bool:
+        raise self._no_checkpoints()
+
+    def resume(self) -> None:
+        raise self._no_checkpoints()
+
+    def create_snapshot(self, name: str | None) -> SnapshotInfo:
+        raise self._no_checkpoints()
+
+    def fork(self, count: int) -> list[Core | Exception]:
+        raise self._no_checkpoints()
 
     def kill(self) -> None:
         with self._lock:

@@ -9,12 +9,15 @@ cannot differ in what they accept or return; a unit test compares their signatur
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any, Literal, overload
 
+from sandlot._checkpoints import is_snapshot_id
 from sandlot._core import Core, SandboxOptions
-from sandlot._exceptions import InvalidArgumentError, NotFoundError
+from sandlot._exceptions import CheckpointError, InvalidArgumentError, NotFoundError
 from sandlot._fold import Callbacks
 from sandlot._models import (
     CommandResult,
@@ -26,6 +29,7 @@ from sandlot._models import (
     ProcessInfo,
     PtySize,
     Result,
+    SnapshotInfo,
     WriteInfo,
 )
 from sandlot._precheck_gate import PrecheckHook, PrecheckMode, PrecheckPolicy
@@ -72,10 +76,14 @@ def sandbox_options(
     api_key: str | None,
     pool: Pool | bool | None,
     network: NetworkPolicy | Mapping[str, Any] | None,
+    checkpointable: bool = False,
 ) -> SandboxOptions:
     """Check the constructor's arguments (InvalidArgumentError before anything starts)."""
     if not isinstance(template, str) or not template:
         raise InvalidArgumentError(f"template must be a non-empty str, not {template!r}")
+    if not isinstance(checkpointable, bool):
+        raise InvalidArgumentError(f"checkpointable must be a bool, not {checkpointable!r}")
+    snapshot = template if is_snapshot_id(template) else None
     limits = Resources.coerce(resources)
     if resources is None:
         given: frozenset[str] = frozenset()
@@ -102,6 +110,8 @@ def sandbox_options(
         api_key=api_key,
         pool=pool,
         network=NetworkPolicy.coerce(network),
+        checkpointable=checkpointable or snapshot is not None,
+        snapshot=snapshot,
     )
 
 
@@ -120,7 +130,49 @@ def open_core(options: SandboxOptions) -> Core:
             return RemoteCore.open(target, options)
     from sandlot._local import LocalCore
 
+    if options.snapshot is not None:
+        return LocalCore.from_snapshot(options.snapshot, options)
     return LocalCore.open(options)
+
+
+def _option_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
+    """:class:`Sandbox`'s keyword options with its defaults, ``given`` on top
+    (InvalidArgumentError for a name it does not take)."""
+    parameters = inspect.signature(Sandbox.__init__).parameters
+    known = {
+        name: p.default
+        for name, p in parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "timeout"
+    }
+    unknown = set(given) - set(known)
+    if unknown:
+        raise InvalidArgumentError(f"unknown option(s) {sorted(unknown)}")
+    return {**known, **given}
+
+
+def _remote(options: SandboxOptions) -> bool:
+    return (
+        options.api_url is not None
+        or options.api_key is not None
+        or bool(os.environ.get("SANDLOT_API_URL"))
+    )
+
+
+class _ClassOrInstance:
+    """A method called on the class with a sandbox id (``Sandbox.connect(id)``, E2B's
+    spelling) or on a sandbox (``sbx.connect()``)."""
+
+    def __init__(self, on_class: Any, on_instance: Callable[..., Any]) -> None:
+        if isinstance(on_class, staticmethod):
+            on_class = on_class.__func__
+        self._on_class: Callable[..., Any] = on_class
+        self._on_instance = on_instance
+        self.__doc__ = on_instance.__doc__
+
+    def __get__(self, obj: object, cls: type | None = None) -> Callable[..., Any]:
+        if obj is None:
+            return functools.partial(self._on_class, cls)
+        return functools.partial(self._on_instance, obj)
 
 
 class Filesystem:
@@ -469,6 +521,10 @@ class Sandbox:
         None or an empty ``allow_out`` (the default): no network at all. Otherwise its
         only way out is the host's egress proxy, and each ``Execution.network`` lists the
         connections it allowed and refused.
+    :param checkpointable: start the sandbox so that it can be paused
+        (:meth:`pause`, :meth:`connect`), snapshotted (:meth:`create_snapshot`, then
+        ``Sandbox.create(snapshot_id)``) and forked (:meth:`fork`): a bubblewrap cold
+        start, as root, with CRIU 4.x on the host (docs/persistence.md).
     """
 
     def __init__(
@@ -488,6 +544,7 @@ class Sandbox:
         api_key: str | None = None,
         pool: Pool | bool | None = None,
         network: NetworkPolicy | Mapping[str, Any] | None = None,
+        checkpointable: bool = False,
     ) -> None:
         options = sandbox_options(
             template,
@@ -504,12 +561,23 @@ class Sandbox:
             api_key=api_key,
             pool=pool,
             network=network,
+            checkpointable=checkpointable,
         )
+        self._adopt(open_core(options), options)
+
+    def _adopt(self, core: Core, options: SandboxOptions) -> None:
+        self._options = options
         self._precheck = options.precheck
-        self._core: Core = open_core(options)
+        self._core: Core = core
         self.files = Filesystem(self._core)
         self.commands = Commands(self._core)
         self.pty = Pty(self._core)
+
+    @classmethod
+    def _wrap(cls, core: Core, options: SandboxOptions) -> Sandbox:
+        sandbox = cls.__new__(cls)
+        sandbox._adopt(core, options)
+        return sandbox
 
     @classmethod
     def create(cls, template: str = "python-data", **kwargs: Any) -> Sandbox:
@@ -565,6 +633,78 @@ class Sandbox:
 
     def is_running(self) -> bool:
         return self._core.is_running()
+
+    # --- pause, resume, snapshots, fork -----------------------------------------------
+    def pause(self) -> bool:
+        """Save the whole sandbox (every context's variables, its processes, its files)
+        to disk and free its memory and CPU; True, or False if it was paused already.
+        It comes back on :meth:`connect`, on its next use, or in another process with
+        ``Sandbox.connect(sandbox_id)``; a paused sandbox has no timeout until then.
+        CheckpointError if it cannot be (not created ``checkpointable``, or a call is
+        running in it)."""
+        return self._core.pause()
+
+    def _connect_instance(self, timeout: float | None = None) -> Sandbox:
+        """Resume the sandbox if it is paused; with ``timeout``, kill it that many
+        seconds from now. Returns the sandbox."""
+        self._core.resume()
+        if timeout is not None:
+            self._core.set_timeout(seconds(timeout))
+        return self
+
+    @staticmethod
+    def _connect_class(
+        cls: type[Sandbox], sandbox_id: str, timeout: float | None = None, **kwargs: Any
+    ) -> Sandbox:
+        """The paused sandbox ``sandbox_id`` of this machine, resumed: its variables,
+        processes and files as they were (``kwargs``: :class:`Sandbox`'s options for
+        the new object: timeout, precheck...)."""
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            raise InvalidArgumentError(f"sandbox_id must be a non-empty str, not {sandbox_id!r}")
+        options = sandbox_options("python-data", timeout=timeout, **_option_defaults(kwargs))
+        if _remote(options):
+            raise CheckpointError("connecting to a paused sandbox on a server is not offered yet")
+        from sandlot._local import LocalCore
+
+        return cls._wrap(LocalCore.connect(sandbox_id, options), options)
+
+    connect = _ClassOrInstance(_connect_class, _connect_instance)
+
+    def create_snapshot(self, name: str | None = None) -> SnapshotInfo:
+        """Save the sandbox as it is now into a new snapshot and carry on (it is paused
+        for the moment it takes). Start any number of sandboxes from it with
+        ``Sandbox.create(snapshot_id)``; it is kept until :meth:`delete_snapshot`."""
+        if name is not None and (not isinstance(name, str) or len(name) > 200):
+            raise InvalidArgumentError("name must be a str of at most 200 characters")
+        return self._core.create_snapshot(name)
+
+    def fork(self, count: int = 1) -> list[Sandbox | Exception]:
+        """``count`` (1-20) new sandboxes, each an independent copy of this one as it is
+        now (variables, processes, files), with isolation of its own. One entry per
+        copy: the sandbox, or the exception that kept it from starting."""
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 20:
+            raise InvalidArgumentError(f"count must be an int from 1 to 20, not {count!r}")
+        copies = self._core.fork(count)
+        return [c if isinstance(c, Exception) else self._wrap(c, self._options) for c in copies]
+
+    @staticmethod
+    def list_snapshots() -> list[SnapshotInfo]:
+        """The snapshots on this machine."""
+        from sandlot._checkpoints import CheckpointStore
+
+        return [
+            SnapshotInfo(r.id, [r.name] if r.name else [])
+            for r in CheckpointStore().list("snapshot")
+        ]
+
+    @staticmethod
+    def delete_snapshot(snapshot_id: str) -> bool:
+        """Delete a snapshot; False if there was none. Sandboxes started from it run on."""
+        from sandlot._checkpoints import CheckpointStore
+
+        if not is_snapshot_id(snapshot_id):
+            raise InvalidArgumentError(f"not a snapshot id: {snapshot_id!r}")
+        return CheckpointStore().delete(snapshot_id)
 
     def set_timeout(self, timeout: float | None) -> None:
         """Kill the sandbox ``timeout`` seconds from now (None: live until killed)."""

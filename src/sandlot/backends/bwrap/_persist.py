@@ -184,10 +184,11 @@ def dump(handle: BwrapHandle, info: CheckpointInfo, dest: str) -> None:
     except BaseException:
         handle.kill()
         raise
-    # CRIU ended the sandbox's processes; bwrap follows its child, and the handle
-    # gives its cgroup and host ids back.
+    # CRIU ended the sandbox's processes; bwrap follows its child. kill() closes the
+    # host's end of the channel; the handle gives its cgroup and host ids back.
     with contextlib.suppress(subprocess.TimeoutExpired):
         handle.process.wait(timeout=10)
+    handle.kill()
 
 
 def _log_tail(images: str, name: str) -> str:
