@@ -12,8 +12,10 @@ serves a request for the sandbox only with that token or an API key of its tenan
 
 Errors have E2B's shape, ``{"code": STATUS, "message": ...}``, which the SDK turns into
 its exceptions (404: ``SandboxNotFoundException``, 401: ``AuthenticationException``...).
-Pause, resume, snapshots, fork and network updates answer 501 in that shape: sandlot
-does not persist sandboxes yet.
+Pause (keeping memory), resume/connect, snapshots (create, list, delete, start from)
+and fork work on sandboxes the server started checkpointable (``sandlot serve
+--checkpointable``; docs/persistence.md); a paused sandbox keeps its access token.
+Filesystem-only pauses and network updates answer 400/501 in E2B's shape.
 
 These routes are E2B's API, described by E2B's own OpenAPI document; they are left
 out of sandlot's.
@@ -201,10 +203,34 @@ class ConnectBody(_Loose):
     timeout: int | None = Field(None, ge=0, le=MAX_SECONDS)
 
 
+class PauseBody(_Loose):
+    memory: bool | None = None
+
+
+class SnapshotBody(_Loose):
+    name: str | None = Field(None, max_length=200)
+    memory: bool | None = None
+
+
+class ForkBody(_Loose):
+    timeout: int | None = Field(None, ge=1, le=MAX_SECONDS)
+    count: int | None = Field(None, ge=1, le=20)
+
+
+def _memory_only(memory: bool | None) -> None:
+    if memory is False:
+        raise ApiError(
+            400,
+            "InvalidArgumentError",
+            "sandlot pauses and snapshots keep memory (mode='full'); filesystem-only ones "
+            "are not offered",
+        )
+
+
 _UNSUPPORTED = {
     "iam": "IAM tokens",
     "volumeMounts": "volumes",
-    "autoResume": "auto-resume (sandlot does not pause sandboxes yet)",
+    "autoResume": "auto-resume (a paused sandbox resumes on connect)",
 }
 
 
@@ -363,6 +389,11 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
     route_class = type("E2bControlRoute", (E2bRoute,), {"status_table": status_table})
     router = APIRouter(route_class=route_class, include_in_schema=False)
 
+    def exc_status(exc: Exception) -> int:
+        if isinstance(exc, ApiError):
+            return exc.status
+        return status_of(exc, status_table)
+
     def owned(request: Request, principal: Principal, sandbox_id: str) -> ManagedSandbox:
         try:
             return state_of(request).manager.get(principal, sandbox_id)
@@ -391,7 +422,10 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             raise ApiError(
                 400, "InvalidArgumentError", f"not supported by sandlot: {', '.join(unsupported)}"
             )
-        template = resolve_template(dict(state.settings.e2b_templates), body.template_id)
+        snapshot = body.template_id if sandlot.is_snapshot_id(body.template_id) else None
+        template = snapshot or resolve_template(
+            dict(state.settings.e2b_templates), body.template_id
+        )
         started = time.monotonic()
         entry = await state.blocking(
             state.manager.create,
@@ -401,7 +435,8 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             envs=body.env_vars or {},
             metadata=body.metadata or {},
             resources=None,
-            network=_network(state, principal, body),
+            network=None if snapshot else _network(state, principal, body),
+            snapshot=snapshot,
         )
         state.metrics.sandboxes_created.inc()
         state.metrics.sandbox_start_seconds.observe(time.monotonic() - started)
@@ -512,14 +547,31 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
 
     @router.post("/sandboxes/{sandbox_id}/connect")
     @router.post("/v2/sandboxes/{sandbox_id}/connect")
+    @router.post("/sandboxes/{sandbox_id}/resume")
     async def connect(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
         """A running sandbox: its token, and its life extended to ``timeout`` seconds
-        from now if that is later than its end. (No paused sandboxes to resume yet.)"""
+        from now if that is later than its end (200). A paused one: resumed, with the
+        token it had (201)."""
         body: ConnectBody = _body(ConnectBody, await _json(request))
+        state = state_of(request)
+        registry = registry_of(request)
+        paused = state.manager.paused(principal, sandbox_id)
+        if paused is not None:
+            timeout = float(body.timeout) if body.timeout else float(DEFAULT_TIMEOUT)
+            entry = await state.blocking(state.manager.resume, principal, sandbox_id, timeout)
+            wire = paused.get("wire") or {}
+            record = WireRecord(
+                principal=principal,
+                token=str(wire.get("token") or new_token()),
+                template=str(wire.get("template") or entry.template),
+                allow_internet_access=False,
+            )
+            registry.add(entry.sandbox_id, record)
+            return JSONResponse(_created(entry, record), status_code=201)
         entry = owned(request, principal, sandbox_id)
         if body.timeout:
             _extend(request, entry, body.timeout)
-        record = registry_of(request).ensure(entry, principal)
+        record = registry.ensure(entry, principal)
         return JSONResponse(_created(entry, record), status_code=200)
 
     @router.get("/sandboxes/{sandbox_id}/metrics")
@@ -533,32 +585,94 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         entry = owned(request, principal, sandbox_id)
         return JSONResponse(await state_of(request).blocking(_metrics, entry, start, end))
 
-    @router.post("/sandboxes/{sandbox_id}/pause")
-    async def pause(principal: Auth, sandbox_id: str) -> None:
-        raise _not_implemented("pausing a sandbox")
+    @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+    async def pause(request: Request, principal: Auth, sandbox_id: str) -> Response:
+        body: PauseBody = _body(PauseBody, await _json(request))
+        _memory_only(body.memory)
+        state = state_of(request)
+        if state.manager.paused(principal, sandbox_id) is not None:
+            raise ApiError(409, "AlreadyPaused", f"sandbox {sandbox_id!r} is paused already")
+        entry = owned(request, principal, sandbox_id)
+        record = registry_of(request).ensure(entry, principal)
+        wire = {"token": record.token, "template": record.template}
+        await state.blocking(state.manager.pause, entry, wire)
+        return Response(status_code=204)
 
-    @router.post("/sandboxes/{sandbox_id}/resume")
-    async def resume(principal: Auth, sandbox_id: str) -> None:
-        raise _not_implemented("resuming a sandbox")
-
-    @router.post("/sandboxes/{sandbox_id}/snapshots")
-    async def snapshot(principal: Auth, sandbox_id: str) -> None:
-        raise _not_implemented("snapshotting a sandbox")
+    @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+    async def snapshot(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+        body: SnapshotBody = _body(SnapshotBody, await _json(request))
+        _memory_only(body.memory)
+        state = state_of(request)
+        entry = owned(request, principal, sandbox_id)
+        info = await state.blocking(state.manager.create_snapshot, entry, body.name)
+        return JSONResponse({"snapshotID": info.snapshot_id, "names": info.names}, 201)
 
     @router.get("/snapshots")
-    async def snapshots(principal: Auth) -> None:
-        raise _not_implemented("listing snapshots")
+    async def snapshots(
+        request: Request,
+        principal: Auth,
+        sandboxID: str | None = None,  # E2B's parameter names
+        name: str | None = None,
+        limit: int = 100,
+        nextToken: str | None = None,
+    ) -> JSONResponse:
+        if limit < 1 or limit > 1000:
+            raise ApiError(400, "InvalidArgumentError", "limit must be between 1 and 1000")
+        found = [
+            r
+            for r in state_of(request).manager.checkpoints_of(principal, "snapshot")
+            if (sandboxID is None or r.get("sandbox_id") == sandboxID)
+            and (name is None or r.get("name") == name)
+        ]
+        found.sort(key=lambda r: (float(r.get("created") or 0), str(r.get("id"))))
+        if nextToken:
+            found = [r for r in found if str(r.get("id")) > nextToken]
+        page, rest = found[:limit], found[limit:]
+        headers = {"X-Next-Token": str(page[-1]["id"])} if rest else {}
+        return JSONResponse(
+            [{"snapshotID": r["id"], "names": [r["name"]] if r.get("name") else []} for r in page],
+            headers=headers,
+        )
 
-    @router.post("/sandboxes/{sandbox_id}/fork")
-    async def fork(principal: Auth, sandbox_id: str) -> None:
-        raise _not_implemented("forking a sandbox")
+    @router.delete("/templates/{template_id}", status_code=204)
+    async def delete_snapshot(request: Request, principal: Auth, template_id: str) -> Response:
+        """Only snapshots are templates a tenant can delete here."""
+        state = state_of(request)
+        if not await state.blocking(state.manager.delete_snapshot, principal, template_id):
+            raise ApiError(404, "NotFound", f"snapshot {template_id!r} was not found")
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+    async def fork(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+        body: ForkBody = _body(ForkBody, await _json(request))
+        state = state_of(request)
+        registry = registry_of(request)
+        entry = owned(request, principal, sandbox_id)
+        timeout = float(body.timeout if body.timeout is not None else DEFAULT_TIMEOUT)
+        copies = await state.blocking(state.manager.fork, entry, body.count or 1, timeout)
+        parent = registry.ensure(entry, principal)
+        out: list[dict[str, Any]] = []
+        for copy in copies:
+            if isinstance(copy, Exception):
+                code = exc_status(copy)
+                out.append({"error": {"code": code, "message": f"{type(copy).__name__}: {copy}"}})
+                continue
+            record = WireRecord(
+                principal=principal,
+                token=new_token(),
+                template=parent.template,
+                allow_internet_access=False,
+            )
+            registry.add(copy.sandbox_id, record)
+            out.append({"sandbox": _created(copy, record)})
+        return JSONResponse(out, status_code=201)
 
     @router.put("/sandboxes/{sandbox_id}/network")
     async def network(principal: Auth, sandbox_id: str) -> None:
         raise _not_implemented("changing a running sandbox's network")
 
     _ = (create, list_, get_info, kill, set_timeout, refresh, connect, metrics)
-    _ = (pause, resume, snapshot, snapshots, fork, network)
+    _ = (pause, snapshot, snapshots, delete_snapshot, fork, network)
     return router
 
 
