@@ -74,7 +74,8 @@ def test_a_paused_sandbox_survives_a_server_restart(wire: Wire) -> None:
         assert not sbx.is_running()
         assert Sandbox.pause(sbx.sandbox_id, **wire.opts()) is False  # paused already
         listed = {s.sandbox_id: s.state for s in Sandbox.list(**wire.opts()).next_items()}
-        assert sbx.sandbox_id not in listed or listed[sbx.sandbox_id] == "paused"
+        assert listed[sbx.sandbox_id] == "paused"
+        assert Sandbox.get_info(sbx.sandbox_id, **wire.opts()).state == "paused"
 
         wire.server.stop()
         wire.server.start()
@@ -159,3 +160,38 @@ def test_a_filesystem_only_pause_is_refused_in_e2bs_shape(wire: Wire) -> None:
         assert sbx.is_running()
     finally:
         sbx.kill()
+
+
+def test_killing_a_paused_sandbox_deletes_it(wire: Wire) -> None:
+    from e2b.exceptions import SandboxException
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create(timeout=60, **wire.opts())
+    sbx.pause()
+    assert Sandbox.kill(sbx.sandbox_id, **wire.opts(wire.other_key)) is False
+    assert Sandbox.kill(sbx.sandbox_id, **wire.opts()) is True
+    with pytest.raises(SandboxException):
+        Sandbox.connect(sbx.sandbox_id, **wire.opts())
+
+
+def test_a_sandbox_created_with_auto_pause_is_paused_at_its_timeout(wire: Wire) -> None:
+    import time
+
+    from e2b.sandbox.sandbox_api import SandboxState
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create(
+        timeout=2, lifecycle={"on_timeout": "pause", "auto_resume": False}, **wire.opts()
+    )
+    try:
+        sbx.run_code("x = 41")
+        deadline = time.monotonic() + 30
+        while sbx.get_info().state != SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "not paused at its timeout"
+            time.sleep(0.2)
+        assert not sbx.is_running()
+        sbx.connect(timeout=60)
+        assert sbx.get_info().state == SandboxState.RUNNING
+        assert sbx.run_code("x + 1").text == "42"
+    finally:
+        Sandbox.kill(sbx.sandbox_id, **wire.opts())

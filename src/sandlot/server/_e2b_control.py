@@ -31,7 +31,7 @@ import secrets
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -230,7 +230,6 @@ def _memory_only(memory: bool | None) -> None:
 _UNSUPPORTED = {
     "iam": "IAM tokens",
     "volumeMounts": "volumes",
-    "autoResume": "auto-resume (a paused sandbox resumes on connect)",
 }
 
 
@@ -290,6 +289,27 @@ def _listed(entry: ManagedSandbox, record: WireRecord | None) -> dict[str, Any]:
         "diskSizeMB": int(resources.disk_mb or 0),
         "state": "running",
         "metadata": {k: v for k, v in entry.metadata.items() if k != DEFAULT_MARK},
+    }
+
+
+def _paused(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A paused sandbox as E2B lists it (from its owner's record)."""
+    resources = record.get("resources") or {}
+    moment = _iso(float(record.get("created_at") or record.get("paused_at") or 0))
+    template = str((record.get("wire") or {}).get("template") or record.get("template"))
+    return {
+        "templateID": template,
+        "alias": template,
+        "sandboxID": record.get("id"),
+        "clientID": CLIENT_ID,
+        "startedAt": moment,
+        "endAt": moment,
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": int(resources.get("cpus") or 1),
+        "memoryMB": int(resources.get("memory_mb") or 0),
+        "diskSizeMB": int(resources.get("disk_mb") or 0),
+        "state": "paused",
+        "metadata": {k: v for k, v in (record.get("metadata") or {}).items() if k != DEFAULT_MARK},
     }
 
 
@@ -418,6 +438,16 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
                 "(create the sandbox without mcp=)",
             )
         unsupported = [label for key, label in _UNSUPPORTED.items() if raw.get(key)]
+        resume = raw.get("autoResume")
+        if isinstance(resume, dict) and resume.get("enabled"):
+            unsupported.append(
+                "auto-resume on a request to the sandbox (nothing reaches a sandlot sandbox "
+                "from outside; a paused sandbox resumes on connect)"
+            )
+        if body.auto_pause and not state.settings.checkpointable:
+            unsupported.append("auto-pause on a server not started with --checkpointable")
+        if body.auto_pause and raw.get("autoPauseMemory") is False:
+            unsupported.append("filesystem-only auto-pause (sandlot pauses keep memory)")
         if unsupported:
             raise ApiError(
                 400, "InvalidArgumentError", f"not supported by sandlot: {', '.join(unsupported)}"
@@ -437,6 +467,7 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             resources=None,
             network=None if snapshot else _network(state, principal, body),
             snapshot=snapshot,
+            auto_pause=bool(body.auto_pause),
         )
         state.metrics.sandboxes_created.inc()
         state.metrics.sandbox_start_seconds.observe(time.monotonic() - started)
@@ -447,6 +478,7 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             allow_internet_access=bool(entry.sandbox.network.allow_out),
         )
         registry.add(entry.sandbox_id, record)
+        entry.wire = {"token": record.token, "template": record.template}
         registry.prune({e.sandbox_id for e in state.manager.all()})
         return JSONResponse(_created(entry, record), status_code=201)
 
@@ -475,39 +507,44 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         after = _moment(startedAfter, "startedAfter")
         after_us = None if after is None else _micros(after)
         registry = registry_of(request)
-        entries = [
-            e
-            for e in state_of(request).manager.owned_by(principal)
+        manager = state_of(request).manager
+        # (start time, id, as listed): running sandboxes and, asked for, paused ones.
+        items: list[tuple[float, str, dict[str, Any]]] = [
+            (e.created_at, e.sandbox_id, _listed(e, registry.get(e.sandbox_id)))
+            for e in manager.owned_by(principal)
             if "running" in states
             and all(e.metadata.get(k) == v for k, v in wanted.items())
-            # At the microsecond precision of the start time E2B's API reports.
-            and (after_us is None or _micros(e.created_at) >= after_us)
             and (template is None or template in (e.template, _template_of(registry, e)))
         ]
+        if "paused" in states:
+            items += [
+                (float(r.get("created_at") or 0), str(r.get("id")), _paused(r))
+                for r in manager.checkpoints_of(principal, "pause")
+                if all((r.get("metadata") or {}).get(k) == v for k, v in wanted.items())
+                and (template is None or template in (r.get("template"), _paused(r)["templateID"]))
+            ]
+        # At the microsecond precision of the start time E2B's API reports.
+        items = [i for i in items if after_us is None or _micros(i[0]) >= after_us]
         reverse = order != "asc"  # newest first unless asked otherwise
-        entries.sort(key=lambda e: (e.created_at, e.sandbox_id), reverse=reverse)
+        items.sort(key=lambda i: (i[0], i[1]), reverse=reverse)
         if nextToken:
             cursor = _cursor(nextToken)
             # The items after the cursor in this order: a sandbox that ended since the
             # last page does not shift the next one.
-            entries = [
-                e
-                for e in entries
-                if (
-                    (e.created_at, e.sandbox_id) < cursor
-                    if reverse
-                    else (e.created_at, e.sandbox_id) > cursor
-                )
+            items = [
+                i for i in items if ((i[0], i[1]) < cursor if reverse else (i[0], i[1]) > cursor)
             ]
-        page, rest = entries[:limit], entries[limit:]
+        page, rest = items[:limit], items[limit:]
         headers = {}
         if rest:
-            last = page[-1]
-            headers["X-Next-Token"] = _token((last.created_at, last.sandbox_id))
-        return JSONResponse([_listed(e, registry.get(e.sandbox_id)) for e in page], headers=headers)
+            headers["X-Next-Token"] = _token((page[-1][0], page[-1][1]))
+        return JSONResponse([i[2] for i in page], headers=headers)
 
     @router.get("/sandboxes/{sandbox_id}")
     async def get_info(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+        paused = state_of(request).manager.paused(principal, sandbox_id)
+        if paused is not None:
+            return JSONResponse(_paused(paused))
         entry = owned(request, principal, sandbox_id)
         record = registry_of(request).ensure(entry, principal)
         return JSONResponse(_detail(entry, record))
@@ -515,6 +552,8 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
     @router.delete("/sandboxes/{sandbox_id}", status_code=204)
     async def kill(request: Request, principal: Auth, sandbox_id: str) -> Response:
         state = state_of(request)
+        if await state.blocking(state.manager.kill_paused, principal, sandbox_id):
+            return Response(status_code=204)  # a paused one: its checkpoint is gone
         entry = owned(request, principal, sandbox_id)
         state.manager.kill(entry, "killed")  # its processes are reaped in the background
         return Response(status_code=204)
@@ -594,8 +633,8 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             raise ApiError(409, "AlreadyPaused", f"sandbox {sandbox_id!r} is paused already")
         entry = owned(request, principal, sandbox_id)
         record = registry_of(request).ensure(entry, principal)
-        wire = {"token": record.token, "template": record.template}
-        await state.blocking(state.manager.pause, entry, wire)
+        entry.wire = {"token": record.token, "template": record.template}
+        await state.blocking(state.manager.pause, entry)
         return Response(status_code=204)
 
     @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)

@@ -76,6 +76,11 @@ class ManagedSandbox:
     last_used: float
     active: int = 0
     """Requests in progress; a sandbox is never idle-reaped while one runs."""
+    auto_pause: bool = False
+    """Paused, not killed, when its timeout comes (E2B's ``on_timeout: "pause"``)."""
+    pausing: bool = False
+    wire: dict[str, Any] = field(default_factory=dict)
+    """What the E2B wire keeps of it across a pause (its access token, E2B template)."""
 
     @property
     def sandbox_id(self) -> str:
@@ -194,6 +199,7 @@ class SandboxManager:
         resources: Mapping[str, Any] | None,
         network: Mapping[str, Any] | None = None,
         snapshot: str | None = None,
+        auto_pause: bool = False,
     ) -> ManagedSandbox:
         """``network``: the fields of a network policy the tenant set (see
         :meth:`ServerEgress.policy_for`); None or no ``allow_out``: no network.
@@ -248,7 +254,9 @@ class SandboxManager:
         except BaseException:
             self._release(tenant, spec.memory_mb)
             raise
-        return self._register(sandbox, tenant, template, metadata, spec, lifetime)
+        entry = self._register(sandbox, tenant, template, metadata, spec, lifetime)
+        entry.auto_pause = auto_pause
+        return entry
 
     def _register(
         self,
@@ -348,10 +356,10 @@ class SandboxManager:
                 found.append(record)
         return found
 
-    def pause(self, entry: ManagedSandbox, wire: Mapping[str, Any] | None = None) -> None:
+    def pause(self, entry: ManagedSandbox) -> None:
         """Checkpoint the sandbox and let it go: unregistered (it counts against no
         quota while paused, and has no timeout), recorded as ended ``paused``, its
-        owner's record written. ``wire``: what the E2B wire keeps of it (its token)."""
+        owner's record written (with :attr:`ManagedSandbox.wire`)."""
         entry.sandbox.pause()
         with self._lock:
             self._unregister_locked(entry, "paused")
@@ -364,8 +372,10 @@ class SandboxManager:
                 "template": entry.template,
                 "metadata": entry.metadata,
                 "resources": _resources_dict(entry.resources),
+                "created_at": entry.created_at,
                 "paused_at": time.time(),
-                "wire": dict(wire or {}),
+                "auto_pause": entry.auto_pause,
+                "wire": dict(entry.wire),
             },
         )
         try:
@@ -391,10 +401,13 @@ class SandboxManager:
             self._release(principal.tenant, spec.memory_mb)
             raise
         self._owner_file(sandbox_id).unlink(missing_ok=True)
-        return self._register(
+        entry = self._register(
             sandbox, principal.tenant, str(record["template"]), record.get("metadata") or {},
             spec, lifetime, resumed=True,
         )  # fmt: skip
+        entry.auto_pause = bool(record.get("auto_pause"))
+        entry.wire = dict(record.get("wire") or {})
+        return entry
 
     def create_snapshot(self, entry: ManagedSandbox, name: str | None) -> SnapshotInfo:
         info = entry.sandbox.create_snapshot(name)
@@ -808,12 +821,19 @@ class SandboxManager:
             done, _ = concurrent.futures.wait(probes, timeout=PROBE_SECONDS)
             busy = {id(probes[f]) for f in done if f.result()}
         doomed: list[tuple[ManagedSandbox, str]] = []
+        to_pause: list[ManagedSandbox] = []
         with self._lock:
             # Decided and unregistered in one step: a request that leased a sandbox
             # keeps it, one that comes later sees 404 (never a sandbox dying under it).
             for entry in list(self._sandboxes.values()):
+                if entry.pausing:
+                    continue
                 if id(entry) in busy:
                     entry.last_used = max(entry.last_used, now)
+                    continue
+                if now >= entry.expires_at and entry.auto_pause and entry.active == 0:
+                    entry.pausing = True
+                    to_pause.append(entry)
                     continue
                 if now >= entry.expires_at:
                     reason = "expired"
@@ -825,7 +845,25 @@ class SandboxManager:
                     doomed.append((entry, reason))
         for entry, reason in doomed:
             self._destroy(entry, reason)
+        for entry in to_pause:
+            try:
+                self._destroyer.submit(self._pause_at_timeout, entry)
+            except RuntimeError:  # drained
+                entry.pausing = False
         return [entry.sandbox_id for entry, _ in doomed]
+
+    def _pause_at_timeout(self, entry: ManagedSandbox) -> None:
+        """A sandbox created with auto-pause reached its timeout: paused, or killed if
+        it cannot be (the timeout holds either way)."""
+        try:
+            self.pause(entry)
+        except Exception as exc:
+            log.warning(
+                "could not pause sandbox %s at its timeout (%s): killed", entry.sandbox_id, exc
+            )
+            self.kill(entry, "expired")
+        finally:
+            entry.pausing = False
 
     def drain(self, grace: float) -> dict[str, list[str]]:
         """Graceful shutdown: refuse new work, let running cells finish for ``grace``
