@@ -476,6 +476,10 @@ class AsyncSandbox:
         return await _in_thread(Sandbox.list_snapshots)
 
     @staticmethod
+    async def checkpoint_size(checkpoint_id: str) -> int:
+        return await _in_thread(Sandbox.checkpoint_size, checkpoint_id)
+
+    @staticmethod
     async def delete_snapshot(snapshot_id: str) -> bool:
         return await _in_thread(Sandbox.delete_snapshot, snapshot_id)
 

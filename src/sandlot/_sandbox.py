@@ -714,6 +714,15 @@ class Sandbox:
         ]
 
     @staticmethod
+    def checkpoint_size(checkpoint_id: str) -> int:
+        """Bytes on disk of a paused sandbox's (by its id) or a snapshot's checkpoint on
+        this machine; 0 if there is none."""
+        from sandlot._checkpoints import CheckpointStore
+
+        record = CheckpointStore().get(checkpoint_id) if isinstance(checkpoint_id, str) else None
+        return 0 if record is None else record.size
+
+    @staticmethod
     def delete_snapshot(snapshot_id: str) -> bool:
         """Delete a snapshot; False if there was none. Sandboxes started from it run on."""
         from sandlot._checkpoints import CheckpointStore

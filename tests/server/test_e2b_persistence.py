@@ -195,3 +195,35 @@ def test_a_sandbox_created_with_auto_pause_is_paused_at_its_timeout(wire: Wire) 
         assert sbx.run_code("x + 1").text == "42"
     finally:
         Sandbox.kill(sbx.sandbox_id, **wire.opts())
+
+
+def test_checkpoints_count_against_the_tenants_disk_quota(tmp_path: Path) -> None:
+    from e2b.exceptions import RateLimitException, SandboxException
+    from e2b_code_interpreter import Sandbox
+
+    store = Path(tempfile.mkdtemp(prefix="sandlot-e2b-quota-", dir="/var/tmp"))
+    store.chmod(0o711)
+    # Sandboxes of 512 + 64 + 16 MiB (memory, disk, /tmp): room for one checkpoint at
+    # most that size, not for a second beside a first one (a Python process's memory).
+    server = ServerProcess(
+        tmp_path / "quota", "--checkpointable", "--pool-size", "0", "--max-checkpoint-mb",
+        "600", "--ceiling", "memory_mb=512", "--ceiling", "disk_mb=64", "--ceiling",
+        "tmp_mb=16", env={"SANDLOT_CHECKPOINT_DIR": str(store)},
+    ).start()  # fmt: skip
+    try:
+        opts = server.e2b_opts(server.key("quota"))
+        one = Sandbox.create(timeout=60, **opts)
+        two = Sandbox.create(timeout=60, **opts)
+        try:
+            one.pause()
+            with pytest.raises((RateLimitException, SandboxException), match="quota"):
+                two.create_snapshot()
+            assert two.is_running()
+            assert Sandbox.kill(one.sandbox_id, **opts) is True
+            snapshot = two.create_snapshot()  # room again
+            assert Sandbox.delete_snapshot(snapshot.snapshot_id, **opts) is True
+        finally:
+            two.kill()
+    finally:
+        server.stop()
+        subprocess.run(["rm", "-rf", str(store)], check=False)

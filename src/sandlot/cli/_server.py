@@ -99,6 +99,18 @@ _CEILING_HELP = (
 @click.option("--creates-per-minute", type=click.IntRange(min=1), help="Default per-tenant quota.")
 @click.option("--max-memory-mb", type=click.IntRange(min=1), help="Default per-tenant quota.")
 @click.option(
+    "--max-checkpoint-mb",
+    type=click.IntRange(min=1),
+    help="Disk a tenant's paused sandboxes and snapshots may take (default 20480).",
+)
+@click.option(
+    "--checkpoint-ttl",
+    type=click.FloatRange(min=0, min_open=True),
+    default=7,
+    show_default=True,
+    help="Days a paused sandbox or snapshot is kept before it is deleted.",
+)
+@click.option(
     "--shutdown-grace",
     type=click.FloatRange(min=0),
     default=10,
@@ -254,6 +266,8 @@ def serve(
     max_sandboxes: int | None,
     creates_per_minute: int | None,
     max_memory_mb: int | None,
+    max_checkpoint_mb: int | None,
+    checkpoint_ttl: float,
     shutdown_grace: float,
     unsafe_best_effort_limits: bool,
     checkpointable: bool,
@@ -322,6 +336,7 @@ def serve(
         max_sandboxes=max_sandboxes or defaults.max_sandboxes,
         creates_per_minute=creates_per_minute or defaults.creates_per_minute,
         max_memory_mb=max_memory_mb or defaults.max_memory_mb,
+        max_checkpoint_mb=max_checkpoint_mb or defaults.max_checkpoint_mb,
     )
     settings = _settings(
         state_dir,
@@ -332,6 +347,7 @@ def serve(
         shutdown_grace=shutdown_grace,
         unsafe_best_effort_limits=unsafe_best_effort_limits,
         checkpointable=checkpointable,
+        checkpoint_ttl=checkpoint_ttl * 24 * 3600,
         backend=backend,
         pool_size=pool_size,
         pool_templates=pool_templates or ("python-data",),

@@ -281,6 +281,13 @@ async def _reap_forever(state: ServerState) -> None:
         if time.monotonic() - pruned >= state.settings.audit_prune_interval:
             pruned = time.monotonic()
             await state.blocking(_prune, state.store)
+            try:
+                expired = await state.blocking(state.manager.expire_checkpoints)
+            except Exception:
+                log.exception("could not delete expired checkpoints")
+            else:
+                if expired:
+                    log.info("deleted %d expired checkpoint(s)", len(expired))
         try:
             reaped = await state.blocking(state.manager.reap)
             await state.blocking(state.manager.warm_pool)

@@ -28,6 +28,7 @@ from sandlot import (
     InvalidArgumentError,
     IsolationUnavailable,
     Pool,
+    QuotaExceeded,
     Resources,
     Sandbox,
     SandlotError,
@@ -345,6 +346,9 @@ class SandboxManager:
             return None
 
     def checkpoints_of(self, principal: Principal, kind: str) -> list[dict[str, Any]]:
+        return self._records_of(principal.tenant, kind)
+
+    def _records_of(self, tenant: str, kind: str) -> list[dict[str, Any]]:
         directory = self.settings.paused_dir
         found = []
         for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
@@ -352,14 +356,60 @@ class SandboxManager:
                 record = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if record.get("tenant") == principal.tenant and record.get("kind") == kind:
+            if record.get("tenant") == tenant and record.get("kind") == kind:
                 found.append(record)
         return found
+
+    def _room_for_checkpoint(self, entry: ManagedSandbox) -> None:
+        """429 unless the tenant's checkpoints leave room for one more of this sandbox
+        (at most its memory, disk and /tmp limits)."""
+        used = sum(
+            int(r.get("size") or 0)
+            for kind in ("pause", "snapshot")
+            for r in self._records_of(entry.tenant, kind)
+        )
+        r = entry.resources
+        most = ((r.memory_mb or 0) + (r.disk_mb or 0) + (r.tmp_mb or 0)) * 1024 * 1024
+        quota = self._quotas(entry.tenant).max_checkpoint_mb
+        if used + most > quota * 1024 * 1024:
+            raise QuotaExceeded(
+                f"tenant {entry.tenant!r} has {used // (1024 * 1024)} MiB of paused sandboxes "
+                f"and snapshots; one more of this sandbox may take {most // (1024 * 1024)} MiB "
+                f"and the quota is {quota} MiB (delete snapshots or kill paused sandboxes)"
+            )
+
+    def expire_checkpoints(self) -> list[str]:
+        """Delete the paused sandboxes and snapshots older than ``checkpoint_ttl``."""
+        ttl = self.settings.checkpoint_ttl
+        directory = self.settings.paused_dir
+        now = time.time()
+        gone = []
+        for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            born = float(record.get("paused_at") or record.get("created") or now)
+            if now - born < ttl:
+                continue
+            checkpoint_id = str(record.get("id"))
+            try:
+                if record.get("kind") == "snapshot":
+                    Sandbox.delete_snapshot(checkpoint_id)
+                else:
+                    Sandbox.kill(checkpoint_id)
+            except SandlotError:
+                log.exception("could not delete expired checkpoint %s", checkpoint_id)
+                continue
+            path.unlink(missing_ok=True)
+            gone.append(checkpoint_id)
+        return gone
 
     def pause(self, entry: ManagedSandbox) -> None:
         """Checkpoint the sandbox and let it go: unregistered (it counts against no
         quota while paused, and has no timeout), recorded as ended ``paused``, its
         owner's record written (with :attr:`ManagedSandbox.wire`)."""
+        self._room_for_checkpoint(entry)
         entry.sandbox.pause()
         with self._lock:
             self._unregister_locked(entry, "paused")
@@ -376,6 +426,7 @@ class SandboxManager:
                 "paused_at": time.time(),
                 "auto_pause": entry.auto_pause,
                 "wire": dict(entry.wire),
+                "size": Sandbox.checkpoint_size(entry.sandbox_id),
             },
         )
         try:
@@ -410,6 +461,7 @@ class SandboxManager:
         return entry
 
     def create_snapshot(self, entry: ManagedSandbox, name: str | None) -> SnapshotInfo:
+        self._room_for_checkpoint(entry)
         info = entry.sandbox.create_snapshot(name)
         self._write_owner(
             info.snapshot_id,
@@ -422,6 +474,7 @@ class SandboxManager:
                 "sandbox_id": entry.sandbox_id,
                 "name": name or "",
                 "created": time.time(),
+                "size": Sandbox.checkpoint_size(info.snapshot_id),
             },
         )
         return info
@@ -932,4 +985,5 @@ def effective_quotas(store: Store, default: Quotas, tenant: str) -> Quotas:
         max_sandboxes=own.max_sandboxes or default.max_sandboxes,
         creates_per_minute=own.creates_per_minute or default.creates_per_minute,
         max_memory_mb=own.max_memory_mb or default.max_memory_mb,
+        max_checkpoint_mb=default.max_checkpoint_mb,
     )

@@ -53,6 +53,11 @@ class Quotas:
     """Sandboxes a tenant may create in any 60-second window."""
     max_memory_mb: int = 16384
     """Sum of ``resources.memory_mb`` over a tenant's live sandboxes."""
+    max_checkpoint_mb: int = 20480
+    """Disk a tenant's paused sandboxes and snapshots may take together (``sandlot serve
+    --max-checkpoint-mb``). A pause or snapshot is refused (429) when the tenant's
+    checkpoints plus the sandbox's own memory, disk and /tmp limits (what its checkpoint
+    can take at most) would exceed it."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -118,6 +123,9 @@ class ServerSettings:
     """Start every sandbox without a network policy so that it can be paused,
     snapshotted and forked (``sandlot serve --checkpointable``): a bubblewrap cold start
     instead of the warm pool's; needs root and CRIU 4.x (docs/persistence.md)."""
+    checkpoint_ttl: float = 7 * 24 * 3600.0
+    """Seconds a paused sandbox or a snapshot is kept before the reaper deletes it
+    (``sandlot serve --checkpoint-ttl``); its owner may delete it sooner."""
     egress: NetworkPolicy = field(default_factory=NetworkPolicy)
     """The most a tenant's sandbox may be allowed to reach (``sandlot serve
     --egress-allow``). A tenant's ``network.allow_out`` must lie within its
