@@ -184,3 +184,55 @@ def test_the_nested_layout_is_what_criu_refuses(tmp_path: Path) -> None:
         assert run(handle, "1 + 1")["text"] == "2"
     finally:
         handle.kill()
+
+
+INOTIFY_HOG = """
+import ctypes, os, resource
+libc = ctypes.CDLL(None)
+for fd in globals().get('held', []):
+    os.close(fd)
+held = []
+while len(held) < 1000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    held.append(fd)
+(len(held), open('/proc/sys/user/max_inotify_instances').read().strip(),
+ resource.getrlimit(resource.RLIMIT_MSGQUEUE)[0])
+"""
+
+
+def _root_gets_an_inotify_instance() -> bool:
+    import ctypes
+
+    fd = ctypes.CDLL(None, use_errno=True).inotify_init1(0)
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
+
+
+def test_a_checkpointable_sandbox_and_its_copy_take_only_their_share_of_roots_quotas(
+    store: Path, handles: list[SandboxHandle]
+) -> None:
+    """A checkpointable sandbox's user namespace is root's, so the kernel charges its
+    inotify instances (and queue bytes, queued signals) to root too: unbounded, one
+    sandbox took all 128 of root's instances and CRIU (root) could then neither
+    checkpoint nor restore anything. Each sandbox, started or restored (CRIU makes its
+    user namespace anew, without limits), holds at most its share."""
+    from sandlot.backends.bwrap._quotas import shares
+
+    share = shares(raise_limits=False)
+    instances = share.user["max_inotify_instances"]
+    expected = (instances, str(instances), share.rlimits["msgqueue"])
+    backend = BwrapBackend()
+    original = backend.start(SandboxSpec(checkpointable=True))
+    handles.append(original)
+    assert run(original, INOTIFY_HOG)["text"] == repr(expected)
+    assert _root_gets_an_inotify_instance()
+    original.checkpoint(str(store))
+    copy = backend.restore(str(store), SPEC)
+    handles.append(copy)
+    # The limit is back in the copy's new user namespace, and holds.
+    assert run(copy, INOTIFY_HOG)["text"] == repr(expected)
+    assert _root_gets_an_inotify_instance()

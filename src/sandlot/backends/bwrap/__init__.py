@@ -149,7 +149,11 @@ class BwrapBackend(Backend):
                     pass_fds=(fd, program_fd, *extra_fds),
                     close_fds=True,
                     preexec_fn=Enter(
-                        group.attach_fds if group else (), None if userns_fd is not None else drop
+                        group.attach_fds if group else (),
+                        None if userns_fd is not None else drop,
+                        # A checkpointable sandbox's share of root's queue bytes and
+                        # queued signals (see _persist.quota_share).
+                        _persist.quota_share()[1] if userns_fd is not None else (),
                     ),
                 )
             except (OSError, subprocess.SubprocessError) as exc:

@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from sandlot.backends.bwrap._host import (
     cgroup_for,
     host_ids,
 )
+from sandlot.backends.bwrap._quotas import RLIMIT_BY_NAME, shares
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
 
@@ -110,9 +112,27 @@ def _criu() -> str:
     return criu
 
 
+def quota_share() -> tuple[dict[str, int], tuple[tuple[int, int], ...]]:
+    """A checkpointable sandbox's share of root's per-user quotas: its user namespace's
+    ``/proc/sys/user`` limits and its ``(RLIMIT_*, value)`` rlimits.
+
+    Its user namespace is owned by root (CRIU needs that, see
+    :func:`sandlot.backends._checkpoint.make_userns`; a restored one is made by CRIU,
+    as root), and the kernel charges inotify instances and watches, message queue bytes
+    and queued signals made in a namespace to its owner too: every checkpointable
+    sandbox draws on root's host-wide quotas, which root's own processes (CRIU, sandlot)
+    need as well. Without a share, one sandbox could take all of them. The shares are
+    the zygote's (:func:`._quotas.shares`): 8 inotify instances of 128 by default, a
+    sixteenth of the message queue bytes and queued signals."""
+    share = shares(raise_limits=False)
+    rlimits = tuple((RLIMIT_BY_NAME[name], value) for name, value in share.rlimits.items())
+    return dict(share.user), rlimits
+
+
 def checkpointable_ids() -> tuple[IdGroup, int]:
-    """Three host id pairs and a user namespace mapping 0, 1 and 1000 to them (its
-    descriptor, for ``bwrap --userns``; the caller closes it)."""
+    """Three host id pairs and a user namespace mapping 0, 1 and 1000 to them, with the
+    sandbox's share of root's quotas as its limits (its descriptor, for ``bwrap
+    --userns``; the caller closes it)."""
     _criu()
     held: list[Any] = []
     try:
@@ -122,7 +142,7 @@ def checkpointable_ids() -> tuple[IdGroup, int]:
                 raise IsolationUnavailable("no host ids for a checkpointable sandbox")
             held.append(one)
         group = IdGroup(held)
-        return group, _checkpoint.make_userns(group.maps())
+        return group, _checkpoint.make_userns(group.maps(), quota_share()[0])
     except BaseException:
         for one in held:
             one.release()
@@ -288,6 +308,12 @@ def restore(source: str, spec: SandboxSpec) -> BwrapHandle:
         work = _staging(source)
         cleanup.callback(shutil.rmtree, work, True)
         _stage(source, work, ids)
+        # CRIU makes the user namespace anew, without its limits: the script sets them
+        # before the sandbox runs. Its rlimits come back from the images.
+        script = os.path.join(work, "limits.py")
+        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+        with os.fdopen(fd, "w") as f:
+            f.write(_checkpoint.limits_script(quota_share()[0], sys.executable))
         host_sock, guest_sock = socket.socketpair()
         failed.callback(host_sock.close)
         err_r, err_pipe = os.pipe()
@@ -306,6 +332,7 @@ def restore(source: str, spec: SandboxSpec) -> BwrapHandle:
             root=root,
             inherit=((guest, meta["channel"]), (err_w, meta["stderr"])),
             pidfile=os.path.join(work, "restored.pid"),
+            action_script=script,
         )
         # --restore-sibling: the restored pid 1 becomes this process's child (CRIU's would
         # leave with CRIU, and the sandbox dies with its parent: --die-with-parent is
