@@ -11,7 +11,8 @@
 # packages installed next to sandlot (PYTHON, default: python3 on PATH); the suites'
 # test-only plugins (pytest-asyncio) go into an overlay venv in WORK_DIR, so that
 # environment is left as it was. Results: WORK_DIR/*.log and a summary on stdout.
-# PYTEST_K="watch or charts" runs only the tests that pytest's -k expression selects.
+# PYTEST_K="watch or charts" runs only the tests that pytest's -k expression selects;
+# SERVE_ARGS="--checkpointable" starts the server so that pause, snapshots and fork work.
 # docs/e2b.md says which tests are expected to fail, and why.
 set -euo pipefail
 
@@ -60,7 +61,8 @@ export SANDLOT_SERVER_DIR=$WORK/server
 mkdir -p "$SANDLOT_SERVER_DIR"
 KEY=$("$VPY" -m sandlot keys create --tenant e2b-suites --max-sandboxes 40 \
     --creates-per-minute 600 | tail -1)
-"$VPY" -m sandlot serve --host 127.0.0.1 --port 0 >"$WORK/server.log" 2>&1 &
+# shellcheck disable=SC2086 # SERVE_ARGS: extra words for sandlot serve (--checkpointable)
+"$VPY" -m sandlot serve --host 127.0.0.1 --port 0 ${SERVE_ARGS:-} >"$WORK/server.log" 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null || true' EXIT
 URL=

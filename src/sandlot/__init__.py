@@ -13,6 +13,7 @@ The API mirrors ``e2b_code_interpreter``; see README.md.
 """
 
 from sandlot._async import AsyncCommandHandle, AsyncSandbox
+from sandlot._checkpoints import is_snapshot_id
 from sandlot._exceptions import (
     AuthenticationError,
     BackendError,
@@ -122,6 +123,7 @@ __all__ = [
     "WatchLimitError",
     "WriteInfo",
     "__version__",
+    "is_snapshot_id",
     "stream_only",
 ]
 

@@ -513,8 +513,15 @@ class AsyncSandbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.kill()
 
-    async def kill(self) -> None:
+    async def _kill_instance(self) -> None:
         await _in_thread(self._sync.kill)
+
+    @staticmethod
+    async def _kill_class(cls: type[AsyncSandbox], sandbox_id: str) -> bool:
+        result: bool = await _in_thread(Sandbox.kill, sandbox_id)
+        return result
+
+    kill = _ClassOrInstance(_kill_class, _kill_instance)
 
     async def is_running(self) -> bool:
         return await _in_thread(self._sync.is_running)

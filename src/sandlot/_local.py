@@ -293,7 +293,8 @@ class LocalCore:
             raise SandboxClosed(f"sandbox {self.sandbox_id} was killed")
         handle = self._handle
         if handle is None or not handle.alive:
-            raise CheckpointError(f"sandbox {self.sandbox_id} is not running")
+            why = "" if handle is None else f" ({handle.death_reason})"
+            raise CheckpointError(f"sandbox {self.sandbox_id} is not running{why}")
         if not self.spec.checkpointable:
             raise CheckpointError(
                 "this sandbox cannot be checkpointed: create it with "

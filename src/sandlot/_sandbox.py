@@ -622,14 +622,30 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.kill()
 
-    def kill(self) -> None:
-        """Destroy the sandbox and every process and file in it. Idempotent.
+    def _kill_instance(self) -> None:
+        """Destroy the sandbox and every process and file in it (a paused one: its
+        checkpoint). Idempotent.
 
         Returns once every process of the sandbox has been sent SIGKILL (and every call
         waiting on it has failed); a bubblewrap sandbox's reaping and the removal of its
         cgroup finish in the background, within milliseconds, and before this process
-        exits."""
+        exits. ``Sandbox.kill(sandbox_id)`` deletes a paused sandbox of this machine by
+        id (True if there was one)."""
         self._core.kill()
+
+    @staticmethod
+    def _kill_class(cls: type[Sandbox], sandbox_id: str) -> bool:
+        from sandlot._checkpoints import CheckpointStore
+
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            raise InvalidArgumentError(f"sandbox_id must be a non-empty str, not {sandbox_id!r}")
+        store = CheckpointStore()
+        record = store.get(sandbox_id)
+        if record is None or record.kind != "pause":
+            return False
+        return store.delete(sandbox_id)
+
+    kill = _ClassOrInstance(_kill_class, _kill_instance)
 
     def is_running(self) -> bool:
         return self._core.is_running()

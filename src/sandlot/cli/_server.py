@@ -111,6 +111,13 @@ _CEILING_HELP = (
     help="Start sandboxes even where whole-sandbox cgroup limits cannot be applied.",
 )
 @click.option(
+    "--checkpointable",
+    is_flag=True,
+    help="Start every sandbox without a network policy so that it can be paused, "
+    "snapshotted and forked (E2B's pause, connect, create_snapshot, fork): a bubblewrap "
+    "cold start; needs root and CRIU 4.x (docs/persistence.md).",
+)
+@click.option(
     "--backend",
     default="auto",
     show_default=True,
@@ -249,6 +256,7 @@ def serve(
     max_memory_mb: int | None,
     shutdown_grace: float,
     unsafe_best_effort_limits: bool,
+    checkpointable: bool,
     backend: str,
     pool_size: int,
     pool_templates: tuple[str, ...],
@@ -323,6 +331,7 @@ def serve(
         quotas=quotas,
         shutdown_grace=shutdown_grace,
         unsafe_best_effort_limits=unsafe_best_effort_limits,
+        checkpointable=checkpointable,
         backend=backend,
         pool_size=pool_size,
         pool_templates=pool_templates or ("python-data",),

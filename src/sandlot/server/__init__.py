@@ -75,6 +75,11 @@ def serve(settings: ServerSettings, *, host: str = "127.0.0.1", port: int = 8000
         log_level="info",
         access_log=False,  # paths carry sandbox ids only, but keep the log to our own lines
         timeout_graceful_shutdown=5,
+        # uvicorn's default (5 s) races clients that reuse a connection after a pause of
+        # about that long: the server closes it as the request goes out, and the client
+        # sees "connection closed before message completed". Longer than clients keep
+        # idle connections (httpx, E2B's SDK: 5-30 s).
+        timeout_keep_alive=75,
         lifespan="on",
         # The cell WebSocket (/v1/sandboxes/{id}/cells): a frame over the request body
         # limit is refused before it is buffered whole (the app checks it again).

@@ -44,6 +44,9 @@ _STATUS: tuple[tuple[type[sandlot.SandlotError], int], ...] = (
     (sandlot.TemplateError, 400),
     (sandlot.QuotaExceeded, 429),
     (sandlot.AuthenticationError, 401),
+    # A sandbox that cannot be paused, snapshotted or forked (not started so, a call
+    # running in it): the request's, not the server's, unless CRIU failed (it says).
+    (sandlot.CheckpointError, 400),
     (sandlot.BackendError, 503),
     (sandlot.SandboxLost, 503),
 )

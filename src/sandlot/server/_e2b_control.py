@@ -12,8 +12,10 @@ serves a request for the sandbox only with that token or an API key of its tenan
 
 Errors have E2B's shape, ``{"code": STATUS, "message": ...}``, which the SDK turns into
 its exceptions (404: ``SandboxNotFoundException``, 401: ``AuthenticationException``...).
-Pause, resume, snapshots, fork and network updates answer 501 in that shape: sandlot
-does not persist sandboxes yet.
+Pause (keeping memory), resume/connect, snapshots (create, list, delete, start from)
+and fork work on sandboxes the server started checkpointable (``sandlot serve
+--checkpointable``; docs/persistence.md); a paused sandbox keeps its access token.
+Filesystem-only pauses and network updates answer 400/501 in E2B's shape.
 
 These routes are E2B's API, described by E2B's own OpenAPI document; they are left
 out of sandlot's.
@@ -29,7 +31,7 @@ import secrets
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -201,10 +203,33 @@ class ConnectBody(_Loose):
     timeout: int | None = Field(None, ge=0, le=MAX_SECONDS)
 
 
+class PauseBody(_Loose):
+    memory: bool | None = None
+
+
+class SnapshotBody(_Loose):
+    name: str | None = Field(None, max_length=200)
+    memory: bool | None = None
+
+
+class ForkBody(_Loose):
+    timeout: int | None = Field(None, ge=1, le=MAX_SECONDS)
+    count: int | None = Field(None, ge=1, le=20)
+
+
+def _memory_only(memory: bool | None) -> None:
+    if memory is False:
+        raise ApiError(
+            400,
+            "InvalidArgumentError",
+            "sandlot pauses and snapshots keep memory (mode='full'); filesystem-only ones "
+            "are not offered",
+        )
+
+
 _UNSUPPORTED = {
     "iam": "IAM tokens",
     "volumeMounts": "volumes",
-    "autoResume": "auto-resume (sandlot does not pause sandboxes yet)",
 }
 
 
@@ -264,6 +289,27 @@ def _listed(entry: ManagedSandbox, record: WireRecord | None) -> dict[str, Any]:
         "diskSizeMB": int(resources.disk_mb or 0),
         "state": "running",
         "metadata": {k: v for k, v in entry.metadata.items() if k != DEFAULT_MARK},
+    }
+
+
+def _paused(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A paused sandbox as E2B lists it (from its owner's record)."""
+    resources = record.get("resources") or {}
+    moment = _iso(float(record.get("created_at") or record.get("paused_at") or 0))
+    template = str((record.get("wire") or {}).get("template") or record.get("template"))
+    return {
+        "templateID": template,
+        "alias": template,
+        "sandboxID": record.get("id"),
+        "clientID": CLIENT_ID,
+        "startedAt": moment,
+        "endAt": moment,
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": int(resources.get("cpus") or 1),
+        "memoryMB": int(resources.get("memory_mb") or 0),
+        "diskSizeMB": int(resources.get("disk_mb") or 0),
+        "state": "paused",
+        "metadata": {k: v for k, v in (record.get("metadata") or {}).items() if k != DEFAULT_MARK},
     }
 
 
@@ -363,6 +409,11 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
     route_class = type("E2bControlRoute", (E2bRoute,), {"status_table": status_table})
     router = APIRouter(route_class=route_class, include_in_schema=False)
 
+    def exc_status(exc: Exception) -> int:
+        if isinstance(exc, ApiError):
+            return exc.status
+        return status_of(exc, status_table)
+
     def owned(request: Request, principal: Principal, sandbox_id: str) -> ManagedSandbox:
         try:
             return state_of(request).manager.get(principal, sandbox_id)
@@ -387,11 +438,24 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
                 "(create the sandbox without mcp=)",
             )
         unsupported = [label for key, label in _UNSUPPORTED.items() if raw.get(key)]
+        resume = raw.get("autoResume")
+        if isinstance(resume, dict) and resume.get("enabled"):
+            unsupported.append(
+                "auto-resume on a request to the sandbox (nothing reaches a sandlot sandbox "
+                "from outside; a paused sandbox resumes on connect)"
+            )
+        if body.auto_pause and not state.settings.checkpointable:
+            unsupported.append("auto-pause on a server not started with --checkpointable")
+        if body.auto_pause and raw.get("autoPauseMemory") is False:
+            unsupported.append("filesystem-only auto-pause (sandlot pauses keep memory)")
         if unsupported:
             raise ApiError(
                 400, "InvalidArgumentError", f"not supported by sandlot: {', '.join(unsupported)}"
             )
-        template = resolve_template(dict(state.settings.e2b_templates), body.template_id)
+        snapshot = body.template_id if sandlot.is_snapshot_id(body.template_id) else None
+        template = snapshot or resolve_template(
+            dict(state.settings.e2b_templates), body.template_id
+        )
         started = time.monotonic()
         entry = await state.blocking(
             state.manager.create,
@@ -401,7 +465,9 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             envs=body.env_vars or {},
             metadata=body.metadata or {},
             resources=None,
-            network=_network(state, principal, body),
+            network=None if snapshot else _network(state, principal, body),
+            snapshot=snapshot,
+            auto_pause=bool(body.auto_pause),
         )
         state.metrics.sandboxes_created.inc()
         state.metrics.sandbox_start_seconds.observe(time.monotonic() - started)
@@ -412,6 +478,7 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             allow_internet_access=bool(entry.sandbox.network.allow_out),
         )
         registry.add(entry.sandbox_id, record)
+        entry.wire = {"token": record.token, "template": record.template}
         registry.prune({e.sandbox_id for e in state.manager.all()})
         return JSONResponse(_created(entry, record), status_code=201)
 
@@ -440,39 +507,44 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         after = _moment(startedAfter, "startedAfter")
         after_us = None if after is None else _micros(after)
         registry = registry_of(request)
-        entries = [
-            e
-            for e in state_of(request).manager.owned_by(principal)
+        manager = state_of(request).manager
+        # (start time, id, as listed): running sandboxes and, asked for, paused ones.
+        items: list[tuple[float, str, dict[str, Any]]] = [
+            (e.created_at, e.sandbox_id, _listed(e, registry.get(e.sandbox_id)))
+            for e in manager.owned_by(principal)
             if "running" in states
             and all(e.metadata.get(k) == v for k, v in wanted.items())
-            # At the microsecond precision of the start time E2B's API reports.
-            and (after_us is None or _micros(e.created_at) >= after_us)
             and (template is None or template in (e.template, _template_of(registry, e)))
         ]
+        if "paused" in states:
+            items += [
+                (float(r.get("created_at") or 0), str(r.get("id")), _paused(r))
+                for r in manager.checkpoints_of(principal, "pause")
+                if all((r.get("metadata") or {}).get(k) == v for k, v in wanted.items())
+                and (template is None or template in (r.get("template"), _paused(r)["templateID"]))
+            ]
+        # At the microsecond precision of the start time E2B's API reports.
+        items = [i for i in items if after_us is None or _micros(i[0]) >= after_us]
         reverse = order != "asc"  # newest first unless asked otherwise
-        entries.sort(key=lambda e: (e.created_at, e.sandbox_id), reverse=reverse)
+        items.sort(key=lambda i: (i[0], i[1]), reverse=reverse)
         if nextToken:
             cursor = _cursor(nextToken)
             # The items after the cursor in this order: a sandbox that ended since the
             # last page does not shift the next one.
-            entries = [
-                e
-                for e in entries
-                if (
-                    (e.created_at, e.sandbox_id) < cursor
-                    if reverse
-                    else (e.created_at, e.sandbox_id) > cursor
-                )
+            items = [
+                i for i in items if ((i[0], i[1]) < cursor if reverse else (i[0], i[1]) > cursor)
             ]
-        page, rest = entries[:limit], entries[limit:]
+        page, rest = items[:limit], items[limit:]
         headers = {}
         if rest:
-            last = page[-1]
-            headers["X-Next-Token"] = _token((last.created_at, last.sandbox_id))
-        return JSONResponse([_listed(e, registry.get(e.sandbox_id)) for e in page], headers=headers)
+            headers["X-Next-Token"] = _token((page[-1][0], page[-1][1]))
+        return JSONResponse([i[2] for i in page], headers=headers)
 
     @router.get("/sandboxes/{sandbox_id}")
     async def get_info(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+        paused = state_of(request).manager.paused(principal, sandbox_id)
+        if paused is not None:
+            return JSONResponse(_paused(paused))
         entry = owned(request, principal, sandbox_id)
         record = registry_of(request).ensure(entry, principal)
         return JSONResponse(_detail(entry, record))
@@ -480,6 +552,8 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
     @router.delete("/sandboxes/{sandbox_id}", status_code=204)
     async def kill(request: Request, principal: Auth, sandbox_id: str) -> Response:
         state = state_of(request)
+        if await state.blocking(state.manager.kill_paused, principal, sandbox_id):
+            return Response(status_code=204)  # a paused one: its checkpoint is gone
         entry = owned(request, principal, sandbox_id)
         state.manager.kill(entry, "killed")  # its processes are reaped in the background
         return Response(status_code=204)
@@ -512,14 +586,31 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
 
     @router.post("/sandboxes/{sandbox_id}/connect")
     @router.post("/v2/sandboxes/{sandbox_id}/connect")
+    @router.post("/sandboxes/{sandbox_id}/resume")
     async def connect(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
         """A running sandbox: its token, and its life extended to ``timeout`` seconds
-        from now if that is later than its end. (No paused sandboxes to resume yet.)"""
+        from now if that is later than its end (200). A paused one: resumed, with the
+        token it had (201)."""
         body: ConnectBody = _body(ConnectBody, await _json(request))
+        state = state_of(request)
+        registry = registry_of(request)
+        paused = state.manager.paused(principal, sandbox_id)
+        if paused is not None:
+            timeout = float(body.timeout) if body.timeout else float(DEFAULT_TIMEOUT)
+            entry = await state.blocking(state.manager.resume, principal, sandbox_id, timeout)
+            wire = paused.get("wire") or {}
+            record = WireRecord(
+                principal=principal,
+                token=str(wire.get("token") or new_token()),
+                template=str(wire.get("template") or entry.template),
+                allow_internet_access=False,
+            )
+            registry.add(entry.sandbox_id, record)
+            return JSONResponse(_created(entry, record), status_code=201)
         entry = owned(request, principal, sandbox_id)
         if body.timeout:
             _extend(request, entry, body.timeout)
-        record = registry_of(request).ensure(entry, principal)
+        record = registry.ensure(entry, principal)
         return JSONResponse(_created(entry, record), status_code=200)
 
     @router.get("/sandboxes/{sandbox_id}/metrics")
@@ -533,32 +624,94 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
         entry = owned(request, principal, sandbox_id)
         return JSONResponse(await state_of(request).blocking(_metrics, entry, start, end))
 
-    @router.post("/sandboxes/{sandbox_id}/pause")
-    async def pause(principal: Auth, sandbox_id: str) -> None:
-        raise _not_implemented("pausing a sandbox")
+    @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+    async def pause(request: Request, principal: Auth, sandbox_id: str) -> Response:
+        body: PauseBody = _body(PauseBody, await _json(request))
+        _memory_only(body.memory)
+        state = state_of(request)
+        if state.manager.paused(principal, sandbox_id) is not None:
+            raise ApiError(409, "AlreadyPaused", f"sandbox {sandbox_id!r} is paused already")
+        entry = owned(request, principal, sandbox_id)
+        record = registry_of(request).ensure(entry, principal)
+        entry.wire = {"token": record.token, "template": record.template}
+        await state.blocking(state.manager.pause, entry)
+        return Response(status_code=204)
 
-    @router.post("/sandboxes/{sandbox_id}/resume")
-    async def resume(principal: Auth, sandbox_id: str) -> None:
-        raise _not_implemented("resuming a sandbox")
-
-    @router.post("/sandboxes/{sandbox_id}/snapshots")
-    async def snapshot(principal: Auth, sandbox_id: str) -> None:
-        raise _not_implemented("snapshotting a sandbox")
+    @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+    async def snapshot(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+        body: SnapshotBody = _body(SnapshotBody, await _json(request))
+        _memory_only(body.memory)
+        state = state_of(request)
+        entry = owned(request, principal, sandbox_id)
+        info = await state.blocking(state.manager.create_snapshot, entry, body.name)
+        return JSONResponse({"snapshotID": info.snapshot_id, "names": info.names}, 201)
 
     @router.get("/snapshots")
-    async def snapshots(principal: Auth) -> None:
-        raise _not_implemented("listing snapshots")
+    async def snapshots(
+        request: Request,
+        principal: Auth,
+        sandboxID: str | None = None,  # E2B's parameter names
+        name: str | None = None,
+        limit: int = 100,
+        nextToken: str | None = None,
+    ) -> JSONResponse:
+        if limit < 1 or limit > 1000:
+            raise ApiError(400, "InvalidArgumentError", "limit must be between 1 and 1000")
+        found = [
+            r
+            for r in state_of(request).manager.checkpoints_of(principal, "snapshot")
+            if (sandboxID is None or r.get("sandbox_id") == sandboxID)
+            and (name is None or r.get("name") == name)
+        ]
+        found.sort(key=lambda r: (float(r.get("created") or 0), str(r.get("id"))))
+        if nextToken:
+            found = [r for r in found if str(r.get("id")) > nextToken]
+        page, rest = found[:limit], found[limit:]
+        headers = {"X-Next-Token": str(page[-1]["id"])} if rest else {}
+        return JSONResponse(
+            [{"snapshotID": r["id"], "names": [r["name"]] if r.get("name") else []} for r in page],
+            headers=headers,
+        )
 
-    @router.post("/sandboxes/{sandbox_id}/fork")
-    async def fork(principal: Auth, sandbox_id: str) -> None:
-        raise _not_implemented("forking a sandbox")
+    @router.delete("/templates/{template_id}", status_code=204)
+    async def delete_snapshot(request: Request, principal: Auth, template_id: str) -> Response:
+        """Only snapshots are templates a tenant can delete here."""
+        state = state_of(request)
+        if not await state.blocking(state.manager.delete_snapshot, principal, template_id):
+            raise ApiError(404, "NotFound", f"snapshot {template_id!r} was not found")
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+    async def fork(request: Request, principal: Auth, sandbox_id: str) -> JSONResponse:
+        body: ForkBody = _body(ForkBody, await _json(request))
+        state = state_of(request)
+        registry = registry_of(request)
+        entry = owned(request, principal, sandbox_id)
+        timeout = float(body.timeout if body.timeout is not None else DEFAULT_TIMEOUT)
+        copies = await state.blocking(state.manager.fork, entry, body.count or 1, timeout)
+        parent = registry.ensure(entry, principal)
+        out: list[dict[str, Any]] = []
+        for copy in copies:
+            if isinstance(copy, Exception):
+                code = exc_status(copy)
+                out.append({"error": {"code": code, "message": f"{type(copy).__name__}: {copy}"}})
+                continue
+            record = WireRecord(
+                principal=principal,
+                token=new_token(),
+                template=parent.template,
+                allow_internet_access=False,
+            )
+            registry.add(copy.sandbox_id, record)
+            out.append({"sandbox": _created(copy, record)})
+        return JSONResponse(out, status_code=201)
 
     @router.put("/sandboxes/{sandbox_id}/network")
     async def network(principal: Auth, sandbox_id: str) -> None:
         raise _not_implemented("changing a running sandbox's network")
 
     _ = (create, list_, get_info, kill, set_timeout, refresh, connect, metrics)
-    _ = (pause, resume, snapshot, snapshots, fork, network)
+    _ = (pause, snapshot, snapshots, delete_snapshot, fork, network)
     return router
 
 

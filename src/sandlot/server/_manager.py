@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import json
 import logging
 import math
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sandlot import (
@@ -28,6 +31,7 @@ from sandlot import (
     Resources,
     Sandbox,
     SandlotError,
+    SnapshotInfo,
 )
 from sandlot.backends import (
     Backend,
@@ -72,6 +76,11 @@ class ManagedSandbox:
     last_used: float
     active: int = 0
     """Requests in progress; a sandbox is never idle-reaped while one runs."""
+    auto_pause: bool = False
+    """Paused, not killed, when its timeout comes (E2B's ``on_timeout: "pause"``)."""
+    pausing: bool = False
+    wire: dict[str, Any] = field(default_factory=dict)
+    """What the E2B wire keeps of it across a pause (its access token, E2B template)."""
 
     @property
     def sandbox_id(self) -> str:
@@ -189,11 +198,20 @@ class SandboxManager:
         metadata: Mapping[str, str],
         resources: Mapping[str, Any] | None,
         network: Mapping[str, Any] | None = None,
+        snapshot: str | None = None,
+        auto_pause: bool = False,
     ) -> ManagedSandbox:
         """``network``: the fields of a network policy the tenant set (see
-        :meth:`ServerEgress.policy_for`); None or no ``allow_out``: no network."""
+        :meth:`ServerEgress.policy_for`); None or no ``allow_out``: no network.
+        ``snapshot``: start from this snapshot of the tenant's (its template, limits
+        and envs) instead of afresh."""
         if self.closing:
             raise ApiError(503, "ShuttingDown", "the server is shutting down")
+        if snapshot is not None:
+            owned = self._owned_checkpoint(principal, snapshot, "snapshot")
+            template = str(owned["template"])
+            resources = owned["resources"]
+            network = None
         spec = self.resources_for(principal.tenant, resources)
         policy = self.egress.policy_for(
             network, self.store.tenant_egress(principal.tenant) if network else None
@@ -210,8 +228,9 @@ class SandboxManager:
             # Sandboxes with a policy use the server's proxy (its ceiling, resolver
             # and audit trail), never the process-wide one.
             backend = self.settings.backend
+            checkpointable = self.settings.checkpointable and not policy.enabled
             sandbox = Sandbox(
-                template,
+                template if snapshot is None else snapshot,
                 backend=get_backend(backend, egress=self.egress.proxy)
                 if policy.enabled
                 else backend,
@@ -222,8 +241,9 @@ class SandboxManager:
                 metadata=dict(metadata),
                 unsafe_best_effort_limits=self.settings.unsafe_best_effort_limits,
                 # A ready one when there is one; a sandbox with a network policy has its
-                # own proxy wiring and always starts cold.
-                pool=None if policy.enabled else self.pool,
+                # own proxy wiring and always starts cold, and so does a checkpointable one.
+                pool=None if policy.enabled or checkpointable else self.pool,
+                checkpointable=checkpointable,
             )
         except IsolationUnavailable as exc:
             self._release(tenant, spec.memory_mb)
@@ -234,6 +254,23 @@ class SandboxManager:
         except BaseException:
             self._release(tenant, spec.memory_mb)
             raise
+        entry = self._register(sandbox, tenant, template, metadata, spec, lifetime)
+        entry.auto_pause = auto_pause
+        return entry
+
+    def _register(
+        self,
+        sandbox: Sandbox,
+        tenant: str,
+        template: str,
+        metadata: Mapping[str, str],
+        spec: Resources,
+        lifetime: float,
+        *,
+        resumed: bool = False,
+    ) -> ManagedSandbox:
+        """Record and register a sandbox started for ``tenant`` (its memory reserved)."""
+        assert spec.memory_mb is not None
         now = time.time()
         entry = ManagedSandbox(
             sandbox=sandbox,
@@ -247,9 +284,12 @@ class SandboxManager:
         )
         backend_name, token = _recovery(sandbox)
         try:
-            self.store.sandbox_started(
-                entry.sandbox_id, tenant, template, backend=backend_name, recovery=token
-            )
+            if resumed:
+                self.store.sandbox_resumed(entry.sandbox_id, backend=backend_name, recovery=token)
+            else:
+                self.store.sandbox_started(
+                    entry.sandbox_id, tenant, template, backend=backend_name, recovery=token
+                )
         except BaseException:
             self._release(tenant, spec.memory_mb)
             sandbox.kill()
@@ -259,8 +299,174 @@ class SandboxManager:
             self._pending_memory[tenant] -= spec.memory_mb
             self._sandboxes[entry.sandbox_id] = entry
             self._changed_locked()
-        log.info("sandbox %s created for tenant %s", entry.sandbox_id, tenant)
+        log.info(
+            "sandbox %s %s for tenant %s",
+            entry.sandbox_id,
+            "resumed" if resumed else "created",
+            tenant,
+        )
         return entry
+
+    # --- pause, resume, snapshots, fork -----------------------------------------------
+    # The checkpoints themselves are in the machine's checkpoint store (the SDK's);
+    # who owns each, and what the E2B wire needs to hand it back, is a JSON file of
+    # the server's in ``settings.paused_dir``, so both survive a restart.
+    def _owner_file(self, checkpoint_id: str) -> Path:
+        if not checkpoint_id or not all(c.isalnum() or c == "-" for c in checkpoint_id):
+            raise ApiError(404, "NotFound", f"{checkpoint_id!r} was not found")
+        return self.settings.paused_dir / f"{checkpoint_id}.json"
+
+    def _write_owner(self, checkpoint_id: str, record: Mapping[str, Any]) -> None:
+        directory = self.settings.paused_dir
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self._owner_file(checkpoint_id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(record)))
+        os.replace(tmp, path)
+
+    def _owned_checkpoint(
+        self, principal: Principal, checkpoint_id: str, kind: str
+    ) -> dict[str, Any]:
+        """The record of the tenant's paused sandbox or snapshot; 404 for any other."""
+        try:
+            record: dict[str, Any] = json.loads(self._owner_file(checkpoint_id).read_text())
+        except (OSError, ValueError):
+            record = {}
+        if record.get("tenant") != principal.tenant or record.get("kind") != kind:
+            what = "snapshot" if kind == "snapshot" else "paused sandbox"
+            raise ApiError(404, "NotFound", f"{what} {checkpoint_id!r} was not found")
+        return record
+
+    def paused(self, principal: Principal, sandbox_id: str) -> dict[str, Any] | None:
+        """The record of the tenant's paused sandbox ``sandbox_id``, or None."""
+        try:
+            return self._owned_checkpoint(principal, sandbox_id, "pause")
+        except ApiError:
+            return None
+
+    def checkpoints_of(self, principal: Principal, kind: str) -> list[dict[str, Any]]:
+        directory = self.settings.paused_dir
+        found = []
+        for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("tenant") == principal.tenant and record.get("kind") == kind:
+                found.append(record)
+        return found
+
+    def pause(self, entry: ManagedSandbox) -> None:
+        """Checkpoint the sandbox and let it go: unregistered (it counts against no
+        quota while paused, and has no timeout), recorded as ended ``paused``, its
+        owner's record written (with :attr:`ManagedSandbox.wire`)."""
+        entry.sandbox.pause()
+        with self._lock:
+            self._unregister_locked(entry, "paused")
+        self._write_owner(
+            entry.sandbox_id,
+            {
+                "kind": "pause",
+                "id": entry.sandbox_id,
+                "tenant": entry.tenant,
+                "template": entry.template,
+                "metadata": entry.metadata,
+                "resources": _resources_dict(entry.resources),
+                "created_at": entry.created_at,
+                "paused_at": time.time(),
+                "auto_pause": entry.auto_pause,
+                "wire": dict(entry.wire),
+            },
+        )
+        try:
+            self.store.sandbox_ended(entry.sandbox_id, "paused")
+        except Exception:
+            log.exception("could not record the pause of sandbox %s", entry.sandbox_id)
+
+    def resume(
+        self, principal: Principal, sandbox_id: str, timeout: float | None
+    ) -> ManagedSandbox:
+        """The tenant's paused sandbox, running again under its id (its memory is
+        reserved against the tenant's quota again)."""
+        if self.closing:
+            raise ApiError(503, "ShuttingDown", "the server is shutting down")
+        record = self._owned_checkpoint(principal, sandbox_id, "pause")
+        spec = Resources.coerce(record["resources"])
+        assert spec.memory_mb is not None
+        lifetime = self._lifetime(timeout, principal.tenant)
+        self._reserve(principal.tenant, spec.memory_mb)
+        try:
+            sandbox = Sandbox.connect(sandbox_id)
+        except BaseException:
+            self._release(principal.tenant, spec.memory_mb)
+            raise
+        self._owner_file(sandbox_id).unlink(missing_ok=True)
+        entry = self._register(
+            sandbox, principal.tenant, str(record["template"]), record.get("metadata") or {},
+            spec, lifetime, resumed=True,
+        )  # fmt: skip
+        entry.auto_pause = bool(record.get("auto_pause"))
+        entry.wire = dict(record.get("wire") or {})
+        return entry
+
+    def create_snapshot(self, entry: ManagedSandbox, name: str | None) -> SnapshotInfo:
+        info = entry.sandbox.create_snapshot(name)
+        self._write_owner(
+            info.snapshot_id,
+            {
+                "kind": "snapshot",
+                "id": info.snapshot_id,
+                "tenant": entry.tenant,
+                "template": entry.template,
+                "resources": _resources_dict(entry.resources),
+                "sandbox_id": entry.sandbox_id,
+                "name": name or "",
+                "created": time.time(),
+            },
+        )
+        return info
+
+    def delete_snapshot(self, principal: Principal, snapshot_id: str) -> bool:
+        try:
+            self._owned_checkpoint(principal, snapshot_id, "snapshot")
+        except ApiError:
+            return False
+        Sandbox.delete_snapshot(snapshot_id)
+        self._owner_file(snapshot_id).unlink(missing_ok=True)
+        return True
+
+    def fork(
+        self, entry: ManagedSandbox, count: int, timeout: float | None
+    ) -> list[ManagedSandbox | Exception]:
+        """``count`` copies of the sandbox as it is now, each a sandbox of its tenant
+        (quotas apply to each: a copy over the quota is an error in its place)."""
+        copies = entry.sandbox.fork(count)
+        lifetime = self._lifetime(timeout, entry.tenant)
+        spec = entry.resources
+        assert spec.memory_mb is not None
+        out: list[ManagedSandbox | Exception] = []
+        for copy in copies:
+            if isinstance(copy, Exception):
+                out.append(copy)
+                continue
+            try:
+                self._reserve(entry.tenant, spec.memory_mb)
+            except BaseException as exc:
+                copy.kill()
+                out.append(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+                continue
+            out.append(
+                self._register(copy, entry.tenant, entry.template, entry.metadata, spec, lifetime)
+            )
+        return out
+
+    def kill_paused(self, principal: Principal, sandbox_id: str) -> bool:
+        """Delete the tenant's paused sandbox for good; False if there is none."""
+        if self.paused(principal, sandbox_id) is None:
+            return False
+        Sandbox.kill(sandbox_id)
+        self._owner_file(sandbox_id).unlink(missing_ok=True)
+        return True
 
     # --- ceilings -------------------------------------------------------------------------
     def ceilings(self, tenant: str) -> tuple[Resources, float, float]:
@@ -615,12 +821,19 @@ class SandboxManager:
             done, _ = concurrent.futures.wait(probes, timeout=PROBE_SECONDS)
             busy = {id(probes[f]) for f in done if f.result()}
         doomed: list[tuple[ManagedSandbox, str]] = []
+        to_pause: list[ManagedSandbox] = []
         with self._lock:
             # Decided and unregistered in one step: a request that leased a sandbox
             # keeps it, one that comes later sees 404 (never a sandbox dying under it).
             for entry in list(self._sandboxes.values()):
+                if entry.pausing:
+                    continue
                 if id(entry) in busy:
                     entry.last_used = max(entry.last_used, now)
+                    continue
+                if now >= entry.expires_at and entry.auto_pause and entry.active == 0:
+                    entry.pausing = True
+                    to_pause.append(entry)
                     continue
                 if now >= entry.expires_at:
                     reason = "expired"
@@ -632,7 +845,25 @@ class SandboxManager:
                     doomed.append((entry, reason))
         for entry, reason in doomed:
             self._destroy(entry, reason)
+        for entry in to_pause:
+            try:
+                self._destroyer.submit(self._pause_at_timeout, entry)
+            except RuntimeError:  # drained
+                entry.pausing = False
         return [entry.sandbox_id for entry, _ in doomed]
+
+    def _pause_at_timeout(self, entry: ManagedSandbox) -> None:
+        """A sandbox created with auto-pause reached its timeout: paused, or killed if
+        it cannot be (the timeout holds either way)."""
+        try:
+            self.pause(entry)
+        except Exception as exc:
+            log.warning(
+                "could not pause sandbox %s at its timeout (%s): killed", entry.sandbox_id, exc
+            )
+            self.kill(entry, "expired")
+        finally:
+            entry.pausing = False
 
     def drain(self, grace: float) -> dict[str, list[str]]:
         """Graceful shutdown: refuse new work, let running cells finish for ``grace``

@@ -114,6 +114,10 @@ class ServerSettings:
     """Templates kept warm from start-up (``sandlot serve --pool-template``)."""
     unsafe_best_effort_limits: bool = False
     """Start sandboxes even where whole-sandbox cgroup limits cannot be applied."""
+    checkpointable: bool = False
+    """Start every sandbox without a network policy so that it can be paused,
+    snapshotted and forked (``sandlot serve --checkpointable``): a bubblewrap cold start
+    instead of the warm pool's; needs root and CRIU 4.x (docs/persistence.md)."""
     egress: NetworkPolicy = field(default_factory=NetworkPolicy)
     """The most a tenant's sandbox may be allowed to reach (``sandlot serve
     --egress-allow``). A tenant's ``network.allow_out`` must lie within its
@@ -162,6 +166,12 @@ class ServerSettings:
     @property
     def spool_dir(self) -> Path:
         return self.state_dir / "spool"
+
+    @property
+    def paused_dir(self) -> Path:
+        """Who owns each paused sandbox and snapshot (their checkpoints are in the
+        machine's checkpoint store)."""
+        return self.state_dir / "checkpoints"
 
     def replace(self, **changes: Any) -> ServerSettings:
         values = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -236,6 +236,11 @@ _SANDBOX_ENDED = (
 _RECOVERY_ENDED = sandbox_recovery.delete().where(
     sandbox_recovery.c.sandbox_id == sa.bindparam("_sandbox_id")
 )
+_SANDBOX_RESUMED = (
+    sandboxes.update()
+    .where(sandboxes.c.sandbox_id == sa.bindparam("_sandbox_id"))
+    .values(ended_at=sa.null(), end_reason=sa.null())
+)
 _EXECUTION_STARTED = executions.insert()
 _EXECUTION_COLUMNS = frozenset(column.name for column in executions.columns)
 _OPERATION_STARTED = operations.insert()
@@ -516,6 +521,26 @@ class Store:
                     "created_at": time.time(),
                 },
             )
+        ]
+        if backend is not None and recovery is not None:
+            token = json.dumps(dict(recovery))
+            steps.append(
+                (_RECOVERY_STARTED, {"sandbox_id": sandbox_id, "backend": backend, "token": token})
+            )
+        self._write(*steps)
+
+    def sandbox_resumed(
+        self,
+        sandbox_id: str,
+        *,
+        backend: str | None = None,
+        recovery: Mapping[str, Any] | None = None,
+    ) -> None:
+        """A paused sandbox runs again under its id: its row is open again (ended with
+        ``paused`` when it was paused), with its new recovery token."""
+        steps: list[_Step] = [
+            (_SANDBOX_RESUMED, {"_sandbox_id": sandbox_id}),
+            (_RECOVERY_ENDED, {"_sandbox_id": sandbox_id}),
         ]
         if backend is not None and recovery is not None:
             token = json.dumps(dict(recovery))
