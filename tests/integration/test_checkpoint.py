@@ -236,3 +236,26 @@ def test_a_checkpointable_sandbox_and_its_copy_take_only_their_share_of_roots_qu
     # The limit is back in the copy's new user namespace, and holds.
     assert run(copy, INOTIFY_HOG)["text"] == repr(expected)
     assert _root_gets_an_inotify_instance()
+
+
+def test_a_restored_sandbox_refuses_a_second_checkpoint_and_runs_on(
+    store: Path, handles: list[SandboxHandle]
+) -> None:
+    """CRIU cannot dump a restored sandbox (its namespace check cannot open the
+    non-dumpable supervisor's /proc/1/ns/*: the supervisor's memory, set up by CRIU,
+    belongs to the host's user namespace). Refused up front, the sandbox is not lost."""
+    backend = BwrapBackend()
+    original = backend.start(SPEC)
+    handles.append(original)
+    assert run(original, "x = 5; x")["text"] == "5"
+    first = store / "first"
+    first.mkdir()
+    original.checkpoint(str(first))
+    copy = backend.restore(str(first), SPEC)
+    handles.append(copy)
+    second = store / "second"
+    second.mkdir()
+    with pytest.raises(CheckpointError, match="cannot be checkpointed again"):
+        copy.checkpoint(str(second))
+    assert copy.alive and run(copy, "x + 1")["text"] == "6"
+    assert os.listdir(second) == []

@@ -171,6 +171,18 @@ def dump(handle: BwrapHandle, info: CheckpointInfo, dest: str) -> None:
     criu = _criu()
     if os.listdir(dest):
         raise CheckpointError(f"{dest} is not empty")
+    if isinstance(handle.process, _Restored):
+        # Refused before anything is let go of, so the sandbox runs on: CRIU's dump
+        # checks that it can enter the sandbox's namespaces from its user namespace by
+        # opening /proc/<pid 1>/ns/*, which for the non-dumpable supervisor needs
+        # CAP_SYS_PTRACE in the user namespace its memory belongs to; a restored
+        # supervisor's memory was set up by CRIU, in the host's user namespace, so the
+        # check fails ("One or more namespaces doesn't belong to the target user
+        # namespace") and the dump would end the sandbox.
+        raise CheckpointError(
+            "this sandbox was restored from a checkpoint, and a restored sandbox cannot be "
+            "checkpointed again yet (docs/persistence.md); it runs on"
+        )
     pid1 = _pid1(handle)
     try:
         handle.prepare_checkpoint(PREPARE_TIMEOUT)
