@@ -259,3 +259,43 @@ def test_a_restored_sandbox_refuses_a_second_checkpoint_and_runs_on(
         copy.checkpoint(str(second))
     assert copy.alive and run(copy, "x + 1")["text"] == "6"
     assert os.listdir(second) == []
+
+
+OWNER = """
+import sys, time
+from sandlot.backends.bwrap import BwrapBackend
+from sandlot.policy import SandboxSpec
+spec = SandboxSpec(checkpointable=True)
+backend = BwrapBackend()
+backend.start(spec).checkpoint(sys.argv[1])
+copy = backend.restore(sys.argv[1], spec)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_root_of_a_restored_sandbox_whose_owner_was_killed_is_swept(store: Path) -> None:
+    """A restored sandbox's root directory (a bind mount) is released when the sandbox
+    ends; when its owner is SIGKILLed first, the next sweep (sandlot serve's start-up
+    cleanup, a process's first restore) unmounts and removes it."""
+    import signal
+    import sys
+
+    from sandlot.backends.bwrap import _persist
+
+    with subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(store)], stdout=subprocess.PIPE, text=True
+    ) as owner:
+        try:
+            assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
+            roots = [n for n in os.listdir(_persist.ROOTS_DIR) if n.startswith(f"{owner.pid}.")]
+            assert len(roots) == 1  # control: named after its owner
+            path = os.path.join(_persist.ROOTS_DIR, roots[0])
+            _persist.sweep_orphan_roots()
+            assert os.path.isdir(path)  # a live owner's root is left alone
+        finally:
+            owner.send_signal(signal.SIGKILL)
+            owner.wait()
+    assert roots[0] in [line.split()[-1] for line in BwrapBackend.cleanup_orphans()]
+    assert not os.path.exists(path)
+    assert path not in Path("/proc/self/mountinfo").read_text()

@@ -71,7 +71,8 @@ class BwrapBackend(Backend):
 
     @classmethod
     def cleanup_orphans(cls) -> list[str]:
-        return _host.cleanup_orphans()
+        roots = [f"restored root {name}" for name in _persist.sweep_orphan_roots()]
+        return _host.cleanup_orphans() + roots
 
     @classmethod
     def reap(cls, token: Mapping[str, Any]) -> bool:

@@ -44,6 +44,7 @@ from sandlot.backends.bwrap._host import (
     host_ids,
 )
 from sandlot.backends.bwrap._quotas import RLIMIT_BY_NAME, shares
+from sandlot.backends.host import process_start_time
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
 
@@ -51,7 +52,9 @@ META = "sandlot.json"
 """The file of a checkpoint directory that is sandlot's, not CRIU's."""
 META_VERSION = 1
 ROOTS_DIR = "/run/sandlot/roots"
-"""Where restored sandboxes' root directories live (root only), one per sandbox."""
+"""Where restored sandboxes' root directories live (root only), one per sandbox, named
+``<owner pid>.<owner start time>.<random>`` like their cgroups, so that the roots of an
+owner that died without cleaning up are found (:func:`sweep_orphan_roots`)."""
 CRIU_TIMEOUT = 120.0
 INHERIT_FD_BASE = 1000
 PREPARE_TIMEOUT = 10.0
@@ -313,7 +316,11 @@ def restore(source: str, spec: SandboxSpec) -> BwrapHandle:
             cleanup.callback(group.close_fds)
             failed.callback(group.destroy)
         os.makedirs(ROOTS_DIR, mode=0o700, exist_ok=True)
-        root = os.path.join(ROOTS_DIR, secrets.token_hex(8))
+        _sweep_roots_once()
+        owner = os.getpid()
+        root = os.path.join(
+            ROOTS_DIR, f"{owner}.{process_start_time(owner)}.{secrets.token_hex(8)}"
+        )
         _checkpoint.build_root(mounts, root)
         _checkpoint.read_only_root(root)
         failed.callback(_checkpoint.release_root, root)
@@ -390,6 +397,37 @@ def restore(source: str, spec: SandboxSpec) -> BwrapHandle:
         failed.pop_all()
     handle.wait_ready(START_TIMEOUT)
     return handle
+
+
+def sweep_orphan_roots() -> list[str]:
+    """Unmount and remove the root directories of restored sandboxes whose owning
+    process is gone (SIGKILLed before it could release them; its sandboxes died with
+    it). Returns the names removed. Never touches a live owner's."""
+    try:
+        names = os.listdir(ROOTS_DIR)
+    except OSError:
+        return []
+    removed = []
+    for name in sorted(names):
+        parts = name.split(".")
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        if process_start_time(int(parts[0])) == parts[1]:
+            continue  # its owner is alive
+        _checkpoint.release_root(os.path.join(ROOTS_DIR, name))
+        removed.append(name)
+    return removed
+
+
+_ROOTS_SWEPT = False
+
+
+def _sweep_roots_once() -> None:
+    global _ROOTS_SWEPT
+    if not _ROOTS_SWEPT:
+        _ROOTS_SWEPT = True
+        with contextlib.suppress(OSError):
+            sweep_orphan_roots()
 
 
 def checkpointer(info: CheckpointInfo) -> Callable[[BwrapHandle, str], None]:
