@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up, then run every check CI runs: formatting, lint, types, and the test
 # suite against the real bubblewrap, Docker (runc and gVisor), Podman and microVM (QEMU)
-# backends (a missing backend fails, not skips).
+# backends (a missing backend fails, not skips), and the escape suite against restored
+# and forked (CRIU) sandboxes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -30,6 +31,11 @@ if [ "$#" -eq 0 ]; then
     log "behaviour and escape suites against microvm"
     SANDLOT_BACKENDS=microvm SANDLOT_REQUIRE=bwrap,template,microvm .venv/bin/python -m pytest \
         -q -n 2 --dist loadfile -p no:schemathesis -p no:hypothesispytest $MICROVM_SUITES
+    # The escape suite once more, against sandboxes that were checkpointed and restored
+    # with CRIU, and against fork copies (tests/_restored.py; about 2 minutes).
+    log "escape suite against restored and forked sandboxes"
+    SANDLOT_BACKENDS=restored,forked SANDLOT_REQUIRE=bwrap,template,criu .venv/bin/python -m pytest \
+        -q -n 2 --dist loadfile -p no:schemathesis -p no:hypothesispytest tests/escape
 fi
 if [ "$(id -u)" -eq 0 ]; then
     # Root covered above; sandlot must also hold when run by an ordinary user.

@@ -76,10 +76,15 @@ def _container_problem(backend: str) -> str | None:
 
 def _make_backend(name: str) -> Any:
     """A backend for a fixture parameter: a declared backend's registry name (the SDK
-    resolves it as it does a user's ``Sandbox(backend=NAME)``), or "docker-runsc"
-    (Docker with gVisor's runtime)."""
+    resolves it as it does a user's ``Sandbox(backend=NAME)``), "docker-runsc"
+    (Docker with gVisor's runtime), or "restored" / "forked" (test-only backends whose
+    sandboxes come back from a CRIU checkpoint: tests/_restored.py)."""
     from sandlot.backends import load_backend
 
+    if name in ("restored", "forked"):
+        from _restored import BACKENDS
+
+        return BACKENDS[name]()
     if name == "docker-runsc":
         docker: Any = load_backend("docker")
         return docker(runtime="runsc")
@@ -178,6 +183,11 @@ _PREREQUISITES: tuple[tuple[str, str, Callable[[], str | None]], ...] = (
     ("requires_criu", "criu", _criu_problem),
 )
 
+_RESTORED_MARKS = [
+    pytest.mark.requires_bwrap,
+    pytest.mark.requires_template,
+    pytest.mark.requires_criu,
+]
 BACKEND_MARKS: dict[str, Any] = {
     "bwrap": pytest.mark.requires_bwrap,
     # bwrap sandboxes forked from a zygote that has the data stack imported.
@@ -194,6 +204,11 @@ BACKEND_MARKS: dict[str, Any] = {
     # The SDK's remote mode: the same suite through a real ``sandlot serve`` subprocess
     # (which runs bwrap sandboxes). ``@pytest.mark.local_only`` tests skip it.
     "remote": pytest.mark.requires_server,
+    # bwrap sandboxes that were checkpointed and restored with CRIU (tests/_restored.py):
+    # the restored copy, or one of two copies restored from one checkpoint (a fork).
+    # Opt-in (OPT_IN_BACKENDS); CI runs the escape suite against them in a pass of its own.
+    "restored": _RESTORED_MARKS,
+    "forked": _RESTORED_MARKS,
 }
 """Backends the ``all_backends`` suites run against, with the prerequisite each needs;
 every other backend the registry declares (an installed plug-in) joins them, run where
@@ -201,10 +216,11 @@ its probe passes. ``$SANDLOT_BACKENDS`` (comma separated) narrows them, e.g.
 ``SANDLOT_BACKENDS=bwrap`` while iterating."""
 
 
-OPT_IN_BACKENDS = frozenset({"microvm"})
+OPT_IN_BACKENDS = frozenset({"microvm", "restored", "forked"})
 """Backends the ``all_backends`` suites run against only when ``$SANDLOT_BACKENDS`` names
-them (their own test modules run them regardless). CI runs the suites against microvm in
-a pass of their own (scripts/test.sh)."""
+them (their own test modules run them regardless). CI runs the suites against microvm,
+and the escape suite against restored and forked, in passes of their own
+(scripts/test.sh)."""
 
 _BWRAP_LAYER = (
     "asserts a layer of the bwrap sandbox (its seccomp filter or its mount layout); in a VM "

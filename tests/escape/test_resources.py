@@ -48,6 +48,7 @@ pytestmark = [
 ]
 
 LIMIT_NAMES = {"TimeoutError", "OutOfMemoryError", "KernelDiedError"}
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _usable(sbx: Sandbox) -> None:
@@ -404,12 +405,18 @@ import json, pathlib, sys, time
 import sandlot
 from sandlot import Sandbox
 from sandlot.backends.docker import DockerBackend, PodmanBackend
+def restored(name):
+    sys.path.insert(0, sys.argv[2])  # tests/: the test-only backends of tests/_restored.py
+    from _restored import BACKENDS
+    return BACKENDS[name]()
 backend = {
     "bwrap": lambda: "bwrap",
     "zygote": lambda: "zygote",
     "docker": DockerBackend,
     "docker-runsc": lambda: DockerBackend(runtime="runsc"),
     "podman": PodmanBackend,
+    "restored": lambda: restored("restored"),
+    "forked": lambda: restored("forked"),
 }[sys.argv[1]]()
 sandbox = Sandbox(backend=backend, timeout=120)
 # The cell comes from a file: in argv, the marker would be in this process's cmdline.
@@ -436,7 +443,7 @@ def test_sigkill_of_the_owner_leaves_no_process_on_the_host(
     with (
         log.open("wb") as output,
         subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(OWNER), name],
+            [sys.executable, "-c", textwrap.dedent(OWNER), name, str(TESTS)],
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,

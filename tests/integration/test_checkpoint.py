@@ -184,3 +184,118 @@ def test_the_nested_layout_is_what_criu_refuses(tmp_path: Path) -> None:
         assert run(handle, "1 + 1")["text"] == "2"
     finally:
         handle.kill()
+
+
+INOTIFY_HOG = """
+import ctypes, os, resource
+libc = ctypes.CDLL(None)
+for fd in globals().get('held', []):
+    os.close(fd)
+held = []
+while len(held) < 1000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    held.append(fd)
+(len(held), open('/proc/sys/user/max_inotify_instances').read().strip(),
+ resource.getrlimit(resource.RLIMIT_MSGQUEUE)[0])
+"""
+
+
+def _root_gets_an_inotify_instance() -> bool:
+    import ctypes
+
+    fd = ctypes.CDLL(None, use_errno=True).inotify_init1(0)
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
+
+
+def test_a_checkpointable_sandbox_and_its_copy_take_only_their_share_of_roots_quotas(
+    store: Path, handles: list[SandboxHandle]
+) -> None:
+    """A checkpointable sandbox's user namespace is root's, so the kernel charges its
+    inotify instances (and queue bytes, queued signals) to root too: unbounded, one
+    sandbox took all 128 of root's instances and CRIU (root) could then neither
+    checkpoint nor restore anything. Each sandbox, started or restored (CRIU makes its
+    user namespace anew, without limits), holds at most its share."""
+    from sandlot.backends.bwrap._quotas import shares
+
+    share = shares(raise_limits=False)
+    instances = share.user["max_inotify_instances"]
+    expected = (instances, str(instances), share.rlimits["msgqueue"])
+    backend = BwrapBackend()
+    original = backend.start(SandboxSpec(checkpointable=True))
+    handles.append(original)
+    assert run(original, INOTIFY_HOG)["text"] == repr(expected)
+    assert _root_gets_an_inotify_instance()
+    original.checkpoint(str(store))
+    copy = backend.restore(str(store), SPEC)
+    handles.append(copy)
+    # The limit is back in the copy's new user namespace, and holds.
+    assert run(copy, INOTIFY_HOG)["text"] == repr(expected)
+    assert _root_gets_an_inotify_instance()
+
+
+def test_a_restored_sandbox_refuses_a_second_checkpoint_and_runs_on(
+    store: Path, handles: list[SandboxHandle]
+) -> None:
+    """CRIU cannot dump a restored sandbox (its namespace check cannot open the
+    non-dumpable supervisor's /proc/1/ns/*: the supervisor's memory, set up by CRIU,
+    belongs to the host's user namespace). Refused up front, the sandbox is not lost."""
+    backend = BwrapBackend()
+    original = backend.start(SPEC)
+    handles.append(original)
+    assert run(original, "x = 5; x")["text"] == "5"
+    first = store / "first"
+    first.mkdir()
+    original.checkpoint(str(first))
+    copy = backend.restore(str(first), SPEC)
+    handles.append(copy)
+    second = store / "second"
+    second.mkdir()
+    with pytest.raises(CheckpointError, match="cannot be checkpointed again"):
+        copy.checkpoint(str(second))
+    assert copy.alive and run(copy, "x + 1")["text"] == "6"
+    assert os.listdir(second) == []
+
+
+OWNER = """
+import sys, time
+from sandlot.backends.bwrap import BwrapBackend
+from sandlot.policy import SandboxSpec
+spec = SandboxSpec(checkpointable=True)
+backend = BwrapBackend()
+backend.start(spec).checkpoint(sys.argv[1])
+copy = backend.restore(sys.argv[1], spec)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_root_of_a_restored_sandbox_whose_owner_was_killed_is_swept(store: Path) -> None:
+    """A restored sandbox's root directory (a bind mount) is released when the sandbox
+    ends; when its owner is SIGKILLed first, the next sweep (sandlot serve's start-up
+    cleanup, a process's first restore) unmounts and removes it."""
+    import signal
+    import sys
+
+    from sandlot.backends.bwrap import _persist
+
+    with subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(store)], stdout=subprocess.PIPE, text=True
+    ) as owner:
+        try:
+            assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
+            roots = [n for n in os.listdir(_persist.ROOTS_DIR) if n.startswith(f"{owner.pid}.")]
+            assert len(roots) == 1  # control: named after its owner
+            path = os.path.join(_persist.ROOTS_DIR, roots[0])
+            _persist.sweep_orphan_roots()
+            assert os.path.isdir(path)  # a live owner's root is left alone
+        finally:
+            owner.send_signal(signal.SIGKILL)
+            owner.wait()
+    assert roots[0] in [line.split()[-1] for line in BwrapBackend.cleanup_orphans()]
+    assert not os.path.exists(path)
+    assert path not in Path("/proc/self/mountinfo").read_text()

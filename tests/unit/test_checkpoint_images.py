@@ -85,6 +85,17 @@ def test_restore_command_line() -> None:
         "--pidfile", "restored.pid", "--root", "/r", "--ext-mount-map", "auto",
         "--manage-cgroups=ignore", "--inherit-fd", "fd[5]:socket:[77]",
     ]  # fmt: skip
+    scripted = RestorePlan(images_dir="/i", root="/r", action_script="/i/limits.py")
+    assert _checkpoint.restore_argv(scripted, criu="/c")[-2:] == ["--action-script", "/i/limits.py"]
+
+
+def test_the_limits_script_sets_only_user_namespace_limits() -> None:
+    script = _checkpoint.limits_script({"max_inotify_instances": 8}, "/py")
+    assert script.startswith("#!/py -I\n")
+    assert "'setup-namespaces'" in script and "{'max_inotify_instances': 8}" in script
+    compile(script, "limits.py", "exec")
+    with pytest.raises(ValueError, match="not a user namespace limit"):
+        _checkpoint.limits_script({"../../kernel/core_pattern": 1}, "/py")
 
 
 def test_doctor_names_the_fix_without_criu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -210,7 +210,7 @@ def _start(pid: int) -> str:
 def test_a_zygote_splits_its_uids_quotas_into_shares(raise_limits: bool) -> None:
     import resource
 
-    from sandlot.backends.bwrap._zygote import INOTIFY_SHARE, shares
+    from sandlot.backends.bwrap._quotas import INOTIFY_SHARE, shares
 
     got = shares(raise_limits)
     instances = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())

@@ -29,7 +29,7 @@ import shutil
 import signal
 import struct
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sandlot.backends._base import Finding
@@ -176,17 +176,54 @@ def rewrite_userns(images_dir: str, maps: UsernsMaps) -> None:
 # --- a user namespace made by the host ----------------------------------------------
 
 _CLONE_NEWUSER = 0x10000000
+USER_LIMITS = ("max_inotify_instances", "max_inotify_watches", "max_user_namespaces")
+"""The ``/proc/sys/user`` limits sandlot sets in a checkpointable sandbox's user
+namespace (the sandbox's share of root's per-user quotas, see :func:`make_userns`)."""
 
 
-def _unshare_user() -> None:
-    """``preexec_fn`` of the placeholder process: enter a new user namespace."""
-    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
+def _write_user_limits(limits: Mapping[str, int]) -> None:
+    """Set ``limits`` (:data:`USER_LIMITS`) in the calling process's user namespace
+    (which needs CAP_SYS_RESOURCE there); each read back."""
+    for name, value in limits.items():
+        if name not in USER_LIMITS:
+            raise ValueError(f"not a user namespace limit sandlot sets: {name}")
+        path = "/proc/sys/user/" + name
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, b"%d\n" % value)
+        finally:
+            os.close(fd)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if int(os.read(fd, 64)) != value:
+                raise OSError(f"{path} did not take {value}")
+        finally:
+            os.close(fd)
 
 
-def make_userns(maps: UsernsMaps) -> int:
+class _UnshareUser:
+    """``preexec_fn`` of the placeholder process: enter a new user namespace and set
+    its limits (its creator holds every capability in it, before any map is written)."""
+
+    def __init__(self, limits: Mapping[str, int]) -> None:
+        self.limits = dict(limits)
+
+    def __call__(self) -> None:
+        if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
+        _write_user_limits(self.limits)
+
+
+def make_userns(maps: UsernsMaps, limits: Mapping[str, int] | None = None) -> int:
     """A new user namespace with ``maps``, owned by root; returns a descriptor of it
     (``bwrap --userns`` takes it), which the caller closes.
+
+    ``limits``: its ``/proc/sys/user`` limits (:data:`USER_LIMITS`). The kernel charges
+    inotify instances and watches made in a user namespace to its owner in the parent
+    namespace as well, and checks them against the limits of every level: in a
+    namespace owned by root, against root's host-wide quota (128 inotify instances by
+    default), which every checkpointable sandbox and root's own processes (CRIU among
+    them) draw on. The limits of the sandbox's own namespace bound its part of it.
 
     Owned by root, not by the sandbox's host uid: CRIU reads a task's rlimits with
     ``prlimit``, which across users needs CAP_SYS_RESOURCE in the task's user namespace,
@@ -202,7 +239,7 @@ def make_userns(maps: UsernsMaps) -> int:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=_unshare_user,
+        preexec_fn=_UnshareUser(limits or {}),
         close_fds=True,
         env={},
     )
@@ -348,6 +385,8 @@ class RestorePlan:
     (``socket:[<inode>]`` for the channel)."""
     pidfile: str = "restored.pid"
     log_file: str = "restore.log"
+    action_script: str = ""
+    """An executable CRIU runs at each stage of the restore (:func:`limits_script`)."""
 
 
 _COMMON = ("--shell-job", "-v4")
@@ -381,7 +420,39 @@ def restore_argv(plan: RestorePlan, criu: str = "criu") -> list[str]:
     argv += ["--manage-cgroups=ignore"]
     for fd, key in plan.inherit:
         argv += ["--inherit-fd", f"fd[{fd}]:{key}"]
+    if plan.action_script:
+        argv += ["--action-script", plan.action_script]
     return argv
+
+
+def limits_script(limits: Mapping[str, int], python: str) -> str:
+    """The text of a CRIU action script (run by ``python``) that gives the restored
+    sandbox's user namespace ``limits`` (:data:`USER_LIMITS`, as :func:`make_userns`
+    does for a sandbox it starts): CRIU creates that namespace anew and does not restore
+    its ``/proc/sys/user`` limits, which start unlimited. It acts at the
+    ``setup-namespaces`` stage, once the namespaces exist and before any of the
+    sandbox's processes runs again; it enters the user namespace (root owns it, so it
+    may) and writes them there. A failure fails the restore."""
+    for name in limits:
+        if name not in USER_LIMITS:
+            raise ValueError(f"not a user namespace limit sandlot sets: {name}")
+    values = {name: int(value) for name, value in limits.items()}
+    return (
+        f"#!{python} -I\n"
+        "import ctypes, os, sys\n"
+        "if os.environ.get('CRTOOLS_SCRIPT_ACTION') != 'setup-namespaces':\n"
+        "    sys.exit(0)\n"
+        "ns = os.open('/proc/%s/ns/user' % int(os.environ['CRTOOLS_INIT_PID']), os.O_RDONLY)\n"
+        f"if ctypes.CDLL(None, use_errno=True).setns(ns, {_CLONE_NEWUSER:#x}) != 0:\n"
+        "    sys.exit('setns: ' + os.strerror(ctypes.get_errno()))\n"
+        f"for name, value in {values!r}.items():\n"
+        "    path = '/proc/sys/user/' + name\n"
+        "    with open(path, 'w') as f:\n"
+        "        f.write('%d\\n' % value)\n"
+        "    with open(path) as f:\n"
+        "        if int(f.read()) != value:\n"
+        "            sys.exit(path + ' did not take the limit')\n"
+    )
 
 
 # --- the host -----------------------------------------------------------------------

@@ -220,10 +220,20 @@ class Supervisor:
             return True
         fd = self.sock.fileno()
         with self.send_lock:
-            self.sock.sendall(encode({"type": "reply", "id": rid, "ok": True, "value": None}))
+            # The placeholder goes in first and the answer goes out on a copy of the
+            # channel afterwards: once the host has the answer, the descriptor it reads
+            # (to name the channel for the restore) and CRIU dumps is the placeholder.
+            # Answered first, a slow runner could still hold the channel there: the
+            # dump failed, or named the wrong socket and the restored copy had none.
+            channel = socket.socket(fileno=os.dup(fd))
             placeholder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             os.dup2(placeholder.fileno(), fd)
             placeholder.close()
+            try:
+                channel.settimeout(None)
+                channel.sendall(encode({"type": "reply", "id": rid, "ok": True, "value": None}))
+            finally:
+                channel.close()
             while not _connected(self.sock):
                 time.sleep(0.002)
             line = self.reader.readline()

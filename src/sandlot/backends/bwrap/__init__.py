@@ -71,7 +71,8 @@ class BwrapBackend(Backend):
 
     @classmethod
     def cleanup_orphans(cls) -> list[str]:
-        return _host.cleanup_orphans()
+        roots = [f"restored root {name}" for name in _persist.sweep_orphan_roots()]
+        return _host.cleanup_orphans() + roots
 
     @classmethod
     def reap(cls, token: Mapping[str, Any]) -> bool:
@@ -149,7 +150,11 @@ class BwrapBackend(Backend):
                     pass_fds=(fd, program_fd, *extra_fds),
                     close_fds=True,
                     preexec_fn=Enter(
-                        group.attach_fds if group else (), None if userns_fd is not None else drop
+                        group.attach_fds if group else (),
+                        None if userns_fd is not None else drop,
+                        # A checkpointable sandbox's share of root's queue bytes and
+                        # queued signals (see _persist.quota_share).
+                        _persist.quota_share()[1] if userns_fd is not None else (),
                     ),
                 )
             except (OSError, subprocess.SubprocessError) as exc:

@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ from sandlot.backends.bwrap._host import (
     cgroup_for,
     host_ids,
 )
+from sandlot.backends.bwrap._quotas import RLIMIT_BY_NAME, shares
+from sandlot.backends.host import process_start_time
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
 
@@ -49,7 +52,9 @@ META = "sandlot.json"
 """The file of a checkpoint directory that is sandlot's, not CRIU's."""
 META_VERSION = 1
 ROOTS_DIR = "/run/sandlot/roots"
-"""Where restored sandboxes' root directories live (root only), one per sandbox."""
+"""Where restored sandboxes' root directories live (root only), one per sandbox, named
+``<owner pid>.<owner start time>.<random>`` like their cgroups, so that the roots of an
+owner that died without cleaning up are found (:func:`sweep_orphan_roots`)."""
 CRIU_TIMEOUT = 120.0
 INHERIT_FD_BASE = 1000
 PREPARE_TIMEOUT = 10.0
@@ -110,9 +115,27 @@ def _criu() -> str:
     return criu
 
 
+def quota_share() -> tuple[dict[str, int], tuple[tuple[int, int], ...]]:
+    """A checkpointable sandbox's share of root's per-user quotas: its user namespace's
+    ``/proc/sys/user`` limits and its ``(RLIMIT_*, value)`` rlimits.
+
+    Its user namespace is owned by root (CRIU needs that, see
+    :func:`sandlot.backends._checkpoint.make_userns`; a restored one is made by CRIU,
+    as root), and the kernel charges inotify instances and watches, message queue bytes
+    and queued signals made in a namespace to its owner too: every checkpointable
+    sandbox draws on root's host-wide quotas, which root's own processes (CRIU, sandlot)
+    need as well. Without a share, one sandbox could take all of them. The shares are
+    the zygote's (:func:`._quotas.shares`): 8 inotify instances of 128 by default, a
+    sixteenth of the message queue bytes and queued signals."""
+    share = shares(raise_limits=False)
+    rlimits = tuple((RLIMIT_BY_NAME[name], value) for name, value in share.rlimits.items())
+    return dict(share.user), rlimits
+
+
 def checkpointable_ids() -> tuple[IdGroup, int]:
-    """Three host id pairs and a user namespace mapping 0, 1 and 1000 to them (its
-    descriptor, for ``bwrap --userns``; the caller closes it)."""
+    """Three host id pairs and a user namespace mapping 0, 1 and 1000 to them, with the
+    sandbox's share of root's quotas as its limits (its descriptor, for ``bwrap
+    --userns``; the caller closes it)."""
     _criu()
     held: list[Any] = []
     try:
@@ -122,7 +145,7 @@ def checkpointable_ids() -> tuple[IdGroup, int]:
                 raise IsolationUnavailable("no host ids for a checkpointable sandbox")
             held.append(one)
         group = IdGroup(held)
-        return group, _checkpoint.make_userns(group.maps())
+        return group, _checkpoint.make_userns(group.maps(), quota_share()[0])
     except BaseException:
         for one in held:
             one.release()
@@ -151,6 +174,18 @@ def dump(handle: BwrapHandle, info: CheckpointInfo, dest: str) -> None:
     criu = _criu()
     if os.listdir(dest):
         raise CheckpointError(f"{dest} is not empty")
+    if isinstance(handle.process, _Restored):
+        # Refused before anything is let go of, so the sandbox runs on: CRIU's dump
+        # checks that it can enter the sandbox's namespaces from its user namespace by
+        # opening /proc/<pid 1>/ns/*, which for the non-dumpable supervisor needs
+        # CAP_SYS_PTRACE in the user namespace its memory belongs to; a restored
+        # supervisor's memory was set up by CRIU, in the host's user namespace, so the
+        # check fails ("One or more namespaces doesn't belong to the target user
+        # namespace") and the dump would end the sandbox.
+        raise CheckpointError(
+            "this sandbox was restored from a checkpoint, and a restored sandbox cannot be "
+            "checkpointed again yet (docs/persistence.md); it runs on"
+        )
     pid1 = _pid1(handle)
     try:
         handle.prepare_checkpoint(PREPARE_TIMEOUT)
@@ -281,13 +316,23 @@ def restore(source: str, spec: SandboxSpec) -> BwrapHandle:
             cleanup.callback(group.close_fds)
             failed.callback(group.destroy)
         os.makedirs(ROOTS_DIR, mode=0o700, exist_ok=True)
-        root = os.path.join(ROOTS_DIR, secrets.token_hex(8))
+        _sweep_roots_once()
+        owner = os.getpid()
+        root = os.path.join(
+            ROOTS_DIR, f"{owner}.{process_start_time(owner)}.{secrets.token_hex(8)}"
+        )
         _checkpoint.build_root(mounts, root)
         _checkpoint.read_only_root(root)
         failed.callback(_checkpoint.release_root, root)
         work = _staging(source)
         cleanup.callback(shutil.rmtree, work, True)
         _stage(source, work, ids)
+        # CRIU makes the user namespace anew, without its limits: the script sets them
+        # before the sandbox runs. Its rlimits come back from the images.
+        script = os.path.join(work, "limits.py")
+        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+        with os.fdopen(fd, "w") as f:
+            f.write(_checkpoint.limits_script(quota_share()[0], sys.executable))
         host_sock, guest_sock = socket.socketpair()
         failed.callback(host_sock.close)
         err_r, err_pipe = os.pipe()
@@ -306,6 +351,7 @@ def restore(source: str, spec: SandboxSpec) -> BwrapHandle:
             root=root,
             inherit=((guest, meta["channel"]), (err_w, meta["stderr"])),
             pidfile=os.path.join(work, "restored.pid"),
+            action_script=script,
         )
         # --restore-sibling: the restored pid 1 becomes this process's child (CRIU's would
         # leave with CRIU, and the sandbox dies with its parent: --die-with-parent is
@@ -351,6 +397,37 @@ def restore(source: str, spec: SandboxSpec) -> BwrapHandle:
         failed.pop_all()
     handle.wait_ready(START_TIMEOUT)
     return handle
+
+
+def sweep_orphan_roots() -> list[str]:
+    """Unmount and remove the root directories of restored sandboxes whose owning
+    process is gone (SIGKILLed before it could release them; its sandboxes died with
+    it). Returns the names removed. Never touches a live owner's."""
+    try:
+        names = os.listdir(ROOTS_DIR)
+    except OSError:
+        return []
+    removed = []
+    for name in sorted(names):
+        parts = name.split(".")
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        if process_start_time(int(parts[0])) == parts[1]:
+            continue  # its owner is alive
+        _checkpoint.release_root(os.path.join(ROOTS_DIR, name))
+        removed.append(name)
+    return removed
+
+
+_ROOTS_SWEPT = False
+
+
+def _sweep_roots_once() -> None:
+    global _ROOTS_SWEPT
+    if not _ROOTS_SWEPT:
+        _ROOTS_SWEPT = True
+        with contextlib.suppress(OSError):
+            sweep_orphan_roots()
 
 
 def checkpointer(info: CheckpointInfo) -> Callable[[BwrapHandle, str], None]:

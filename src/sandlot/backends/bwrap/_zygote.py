@@ -40,7 +40,6 @@ import contextlib
 import json
 import logging
 import os
-import resource
 import secrets
 import socket
 import struct
@@ -48,8 +47,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sandlot._exceptions import BackendUnavailable, SandboxStartError
@@ -73,6 +70,7 @@ from sandlot.backends.bwrap._host import (
     say,
     sweep_once,
 )
+from sandlot.backends.bwrap._quotas import can_raise_limits, shares
 from sandlot.egress import EgressProxy
 from sandlot.policy import DATA_STACK, MiB, Resources, SandboxSpec
 from sandlot.protocol import PROTOCOL_VERSION, encode
@@ -96,81 +94,6 @@ KERNEL_HEADROOM = 128 * MiB
 """Address space a forked kernel needs beyond the zygote's to run cells at all: a
 sandbox whose ``memory_mb`` (its per-process RLIMIT_AS) leaves less starts cold."""
 _UCRED = struct.Struct("iII")
-INOTIFY_SHARE = 8
-"""inotify instances each forked sandbox may hold (of ``fs.inotify.max_user_instances``,
-128 by default, per host uid): it sizes the shares, and so how many sandboxes one zygote
-forks at a time (15 by default, one share kept back). Data work rarely watches files."""
-DEFAULT_RLIMITS = {"msgqueue": 819200, "sigpending": 4096}
-"""Per-sandbox values where this process's own limit is unlimited (the kernel's defaults
-for ``RLIMIT_MSGQUEUE``; a modest number of queued signals)."""
-_RLIMITS = {"msgqueue": resource.RLIMIT_MSGQUEUE, "sigpending": resource.RLIMIT_SIGPENDING}
-
-
-@dataclass(frozen=True)
-class Shares:
-    """How a zygote splits its host uid's per-user quotas between the sandboxes it forks."""
-
-    sandboxes: int
-    """Live forked sandboxes at most (one more share is kept back)."""
-    user: dict[str, int]
-    """``/proc/sys/user`` limits of each sandbox's own user namespace."""
-    rlimits: dict[str, int]
-    """Each sandbox's soft and hard rlimits."""
-    zygote_rlimits: tuple[tuple[int, int], ...]
-    """The zygote's own rlimits (as root: room for every share; else unchanged)."""
-
-    def request(self) -> dict[str, dict[str, int]]:
-        return {"user": self.user, "rlimits": self.rlimits}
-
-
-def shares(raise_limits: bool) -> Shares:
-    """The shares of this host's per-user quotas, one per forked sandbox and one kept.
-
-    inotify limits are host-wide per uid (sysctls), so they are divided. rlimits are
-    divided too, unless this process may raise hard limits (``raise_limits``: root
-    with CAP_SYS_RESOURCE, which containers usually drop): then the zygote's own
-    limits are raised instead, so each sandbox gets what a cold one would."""
-    instances = _sysctl_int("fs/inotify/max_user_instances", 128)
-    watches = _sysctl_int("fs/inotify/max_user_watches", 8192)
-    slots = max(2, instances // INOTIFY_SHARE)
-    user = {
-        "max_inotify_instances": instances // slots,
-        "max_inotify_watches": watches // slots,
-        "max_user_namespaces": 0,
-    }
-    rlimits: dict[str, int] = {}
-    zygote: list[tuple[int, int]] = []
-    for name, which in _RLIMITS.items():
-        soft, hard = resource.getrlimit(which)
-        if raise_limits:
-            each = DEFAULT_RLIMITS[name] if soft == resource.RLIM_INFINITY else soft
-            zygote.append((which, each * slots))
-        else:
-            whole = DEFAULT_RLIMITS[name] * slots if hard == resource.RLIM_INFINITY else hard
-            each = whole // slots
-        rlimits[name] = each
-    return Shares(slots - 1, user, rlimits, tuple(zygote))
-
-
-def can_raise_limits() -> bool:
-    """Root with CAP_SYS_RESOURCE (bit 24 of the effective set)."""
-    if os.geteuid() != 0:
-        return False
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return False
-    for line in status.splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> 24 & 1)
-    return False
-
-
-def _sysctl_int(name: str, default: int) -> int:
-    try:
-        return int(Path("/proc/sys", name).read_text())
-    except (OSError, ValueError):
-        return default
 
 
 class _ZygoteFull(Exception):
