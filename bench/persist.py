@@ -235,7 +235,11 @@ COMPRESSION_INPUT: list[Path] = []
 
 
 def _pause_resume(
-    store: Path, rows: dict[str, list[float]], sizes: dict[str, list[float]], suffix: str
+    store: Path,
+    rows: dict[str, list[float]],
+    sizes: dict[str, list[float]],
+    suffix: str,
+    compress: bool,
 ) -> None:
     """A fresh session (which also runs ``HOME_CODE`` when ``suffix``): its sizes, then
     pause() and resume -> first result, timed. The first memory-only checkpoint's
@@ -251,7 +255,7 @@ def _pause_resume(
         disk, pages, files = _images(store, sbx.sandbox_id)
         sizes["checkpoint images on disk" + suffix].append(disk / MB)
         sizes["  of which pages-*.img" + suffix].append(pages / MB)
-        if not suffix and not COMPRESSION_INPUT:
+        if not suffix and not COMPRESSION_INPUT and compress:
             for page in files:
                 link = store.parent / f".{store.name}-{page.name}"
                 os.link(page, link)
@@ -296,9 +300,9 @@ def measure(args: argparse.Namespace, store: Path) -> dict[str, Any]:
     for _ in range(args.runs):
         rows["replay, Sandbox()"].append(_replay())
         rows["replay, checkpointable"].append(_replay(checkpointable=True))
-        _pause_resume(store, rows, sizes, "")
+        _pause_resume(store, rows, sizes, "", args.compress)
         if home:
-            _pause_resume(store, rows, sizes, home)
+            _pause_resume(store, rows, sizes, home, args.compress)
 
         parent = _set_up(checkpointable=True)
         try:
@@ -345,14 +349,14 @@ def measure(args: argparse.Namespace, store: Path) -> dict[str, Any]:
                     if isinstance(one, Sandbox):
                         one.kill()
                 parent.kill()
-    if args.compress and COMPRESSION_INPUT:
-        try:
+    try:
+        if args.compress and COMPRESSION_INPUT:
+            raw = sum(p.stat().st_size for p in COMPRESSION_INPUT)
             with tempfile.TemporaryDirectory(dir=store.parent) as scratch:
-                raw = sum(p.stat().st_size for p in COMPRESSION_INPUT)
                 extra["compression"] = {"raw": raw, **_compress(COMPRESSION_INPUT, Path(scratch))}
-        finally:
-            for link in COMPRESSION_INPUT:
-                link.unlink()
+    finally:
+        for link in COMPRESSION_INPUT:
+            link.unlink(missing_ok=True)
     # killed sandboxes' processes are reaped within a few seconds
     deadline = time.monotonic() + 10
     while _left_behind()[0] and time.monotonic() < deadline:
@@ -454,6 +458,8 @@ def main() -> int:
     try:
         result = measure(args, store)
     finally:
+        for link in COMPRESSION_INPUT:
+            link.unlink(missing_ok=True)
         if own_store:
             shutil.rmtree(store, ignore_errors=True)
     meta = {
