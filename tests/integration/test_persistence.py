@@ -56,6 +56,34 @@ def test_pause_frees_the_sandbox_and_connect_brings_it_back(store: Path) -> None
         assert not (store / sbx.sandbox_id).exists()  # resumed: the checkpoint is gone
 
 
+THREAD = (
+    "import threading\n"
+    "stop = threading.Event()\n"
+    "t = threading.Thread(target=stop.wait, daemon=True)\n"
+    "t.start()\n"
+)
+
+
+def test_a_session_with_a_thread_resumes_and_forks() -> None:
+    # CRIU gives each thread of a code context a cgroup set of its own; restoring one
+    # failed ("The message from cgroupd is truncated") before sandlot dropped it.
+    with Sandbox(checkpointable=True) as sbx:
+        sbx.run_code(THREAD)
+        assert sbx.pause() is True
+        assert sbx.run_code("t.is_alive()").text == "True"
+    with Sandbox(checkpointable=True) as sbx:
+        sbx.run_code(THREAD)
+        copies = sbx.fork(count=1)
+        try:
+            assert isinstance(copies[0], Sandbox), copies
+            assert copies[0].run_code("stop.set(); t.join(5); t.is_alive()").text == "False"
+        finally:
+            for copy in copies:
+                if isinstance(copy, Sandbox):
+                    copy.kill()
+        assert sbx.run_code("t.is_alive()").text == "True"
+
+
 def test_a_paused_sandbox_resumes_on_its_next_use() -> None:
     with Sandbox(checkpointable=True) as sbx:
         sbx.run_code(SETUP)

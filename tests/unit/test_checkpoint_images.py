@@ -129,3 +129,33 @@ def test_mount_points_are_what_the_command_line_mounts(tmp_path: Path) -> None:
     _checkpoint.build_root(points, str(root))
     assert (root / "etc/passwd").is_file() and (root / "home/user").is_dir()
     assert os.readlink(root / "lib") == "usr/lib"
+
+
+def _core(thread_core: bytes, magic: bytes = CRIU_WROTE[:8]) -> bytes:
+    # core_entry { mtype = 1 (X86_64); thread_core = 5 { ... } }
+    body = b"\x08\x01" + b"\x2a" + bytes([len(thread_core)]) + thread_core
+    return magic + len(body).to_bytes(4, "little") + body
+
+
+# thread_core_entry: futex_rla = 1, futex_rla_len = 2, comm = 13 ("python"), then cg_set = 16
+THREAD_CORE = b"\x08\x90\x4e\x10\x18" + b"\x6a\x06python"
+CG_SET_4 = b"\x80\x01\x04"
+
+
+def test_a_threads_own_cgroup_set_is_dropped_from_its_core_image() -> None:
+    with_set = _core(THREAD_CORE + CG_SET_4)
+    assert _checkpoint.drop_thread_cg_set(with_set) == _core(THREAD_CORE)
+    assert _checkpoint.drop_thread_cg_set(_core(THREAD_CORE)) is None  # nothing to drop
+    # in the middle of the message too
+    assert _checkpoint.drop_thread_cg_set(_core(THREAD_CORE[:5] + CG_SET_4 + THREAD_CORE[5:])) == (
+        _core(THREAD_CORE)
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"", _core(THREAD_CORE)[:-1], _core(THREAD_CORE) + b"\x00", _core(b"\x0f")],
+)
+def test_what_is_not_a_core_image_is_refused(bad: bytes) -> None:
+    with pytest.raises(ValueError):
+        _checkpoint.drop_thread_cg_set(bad)

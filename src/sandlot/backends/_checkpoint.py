@@ -173,6 +173,80 @@ def rewrite_userns(images_dir: str, maps: UsernsMaps) -> None:
     os.replace(tmp, path)
 
 
+# --- the threads' cgroup sets in core images -----------------------------------------
+
+_CORE_THREAD_CORE = 5
+"""core_entry.thread_core (message thread_core_entry)."""
+_THREAD_CG_SET = 16
+"""thread_core_entry.cg_set: a thread's cgroup set, when CRIU recorded one apart from
+its process's."""
+
+
+def _fields(body: bytes) -> list[tuple[int, int, int, int]]:
+    """``(field, wire type, start, end)`` of each field of one protobuf message, in
+    order; ValueError if ``body`` is not one."""
+    out = []
+    at = 0
+    while at < len(body):
+        start = at
+        key, at = _read_varint(body, at)
+        wire = key & 7
+        if wire == 0:
+            _, at = _read_varint(body, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 2:
+            length, at = _read_varint(body, at)
+            at += length
+        elif wire == 5:
+            at += 4
+        else:
+            raise ValueError(f"unexpected wire type {wire} in a CRIU image")
+        if at > len(body):
+            raise ValueError("a field runs past the end of its CRIU image entry")
+        out.append((key >> 3, wire, start, at))
+    return out
+
+
+def drop_thread_cg_set(image: bytes) -> bytes | None:
+    """A ``core-<tid>.img`` without its thread's own cgroup set (None: it has none).
+
+    CRIU 4.1 records a separate cgroup set for every thread of a sandbox process other
+    than pid 1 (it copies the cgroup namespace prefix onto the process's set only
+    after the thread's set was compared with it: criu/cgroup.c dump_thread_cgroup),
+    and restoring with ``--manage-cgroups=ignore`` then asks its cgroupd to move each
+    such thread, which has no cgroup yard in that mode and fails ("The message from
+    cgroupd is truncated"): any code context with a thread (numpy's BLAS pool, a
+    ``threading.Thread``) could not be resumed. Every thread of a sandbox is in its
+    process's cgroup (the sandbox's; nothing in it may move threads), so without the
+    field a restored thread stays where its process is restored: the new cgroup."""
+    if len(image) < _MAGIC_LEN + 4:
+        raise ValueError("too short for a CRIU image")
+    (size,) = struct.unpack_from("<I", image, _MAGIC_LEN)
+    body = image[_MAGIC_LEN + 4 : _MAGIC_LEN + 4 + size]
+    if len(body) != size or len(image) != _MAGIC_LEN + 4 + size:
+        raise ValueError("a core image holds exactly one entry")
+    for tag, wire, start, end in _fields(body):
+        if tag != _CORE_THREAD_CORE or wire != 2:
+            continue
+        _, value_at = _read_varint(body, start)  # the key
+        _, value_at = _read_varint(body, value_at)  # the length
+        inner = body[value_at:end]
+        kept = [inner[s:e] for t, _w, s, e in _fields(inner) if t != _THREAD_CG_SET]
+        new_inner = b"".join(kept)
+        if len(new_inner) == len(inner):
+            return None
+        new_body = (
+            body[:start]
+            + _varint(_CORE_THREAD_CORE << 3 | 2)
+            + _varint(len(new_inner))
+            + new_inner
+            + body[end:]
+        )
+        return image[:_MAGIC_LEN] + struct.pack("<I", len(new_body)) + new_body
+    return None
+
+
 # --- a user namespace made by the host ----------------------------------------------
 
 _CLONE_NEWUSER = 0x10000000

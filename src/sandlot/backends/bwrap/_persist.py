@@ -247,12 +247,25 @@ class _Restored(_ForkedSandbox):
 
 
 def _stage(source: str, work: str, ids: IdGroup) -> None:
-    """``work``: the checkpoint's images, hard-linked (not copied), and the user
-    namespace image written anew with ``ids``."""
+    """``work``: the checkpoint's images, hard-linked (not copied), the user namespace
+    image written anew with ``ids``, and the core image of each thread CRIU gave a
+    cgroup set of its own written without it (:func:`_checkpoint.drop_thread_cg_set`)."""
     for name in os.listdir(source):
         path = os.path.join(source, name)
         if name == META or not os.path.isfile(path) or name.endswith(".log"):
             continue
+        if name.startswith("core-") and name.endswith(".img"):
+            with open(path, "rb") as f:
+                try:
+                    changed = _checkpoint.drop_thread_cg_set(f.read())
+                except ValueError as exc:
+                    raise CheckpointError(f"{path} is not a core image: {exc}") from exc
+            if changed is not None:
+                target = os.path.join(work, name)
+                with open(target, "wb") as f:
+                    f.write(changed)
+                os.chmod(target, os.stat(path).st_mode & 0o777)
+                continue
         try:
             os.link(path, os.path.join(work, name))
         except OSError:
