@@ -23,7 +23,11 @@ log "mypy"
 log "import layers"
 .venv/bin/lint-imports
 log "pytest"
-SANDLOT_REQUIRE="bwrap,template,docker,runsc,podman,microvm,server,postgres,browser,ray,criu" .venv/bin/python -m pytest "$@"
+# Two workers, one test file each at a time (a module's fixtures stay in one process):
+# 23 minutes instead of 37 on CI's two cores. An explicit argument list runs as given.
+PARALLEL=()
+[ "$#" -eq 0 ] && PARALLEL=(-n 2 --dist loadfile)
+SANDLOT_REQUIRE="bwrap,template,docker,runsc,podman,microvm,server,postgres,browser,ray,criu" .venv/bin/python -m pytest "${PARALLEL[@]}" "$@"
 if [ "$#" -eq 0 ]; then
     # The shared behaviour and escape suites once more, against microVMs restored from
     # their snapshot (TCG on a host without working KVM): the subset and why in

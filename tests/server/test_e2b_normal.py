@@ -277,12 +277,16 @@ def test_internet_access_stays_within_the_egress_ceiling(wire: Wire) -> None:
 
 
 def test_not_implemented_calls_raise_the_sdks_errors(wire: Wire) -> None:
+    """A server not started with --checkpointable says so on pause, snapshot and fork
+    (E2B's shape), and the sandbox runs on."""
     from e2b import Sandbox, SandboxException
 
     sbx = Sandbox.create(timeout=60, **wire.opts())
     try:
-        with pytest.raises(SandboxException, match="not implemented by sandlot"):
-            sbx.pause()
+        for call in (sbx.pause, sbx.create_snapshot, sbx.fork):
+            with pytest.raises(SandboxException, match="--checkpointable"):
+                call()
+        assert sbx.is_running()
         [metrics] = sbx.get_metrics()
         assert metrics.mem_total > 0 and metrics.mem_used > 0
     finally:

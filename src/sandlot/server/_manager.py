@@ -361,8 +361,16 @@ class SandboxManager:
         return found
 
     def _room_for_checkpoint(self, entry: ManagedSandbox) -> None:
-        """429 unless the tenant's checkpoints leave room for one more of this sandbox
-        (at most its memory, disk and /tmp limits)."""
+        """400 unless the server starts checkpointable sandboxes; 429 unless the
+        tenant's checkpoints leave room for one more of this sandbox (at most its
+        memory, disk and /tmp limits)."""
+        if not self.settings.checkpointable:
+            raise ApiError(
+                400,
+                "CheckpointError",
+                "this server's sandboxes cannot be paused, snapshotted or forked: its "
+                "operator starts it with sandlot serve --checkpointable to allow it",
+            )
         used = sum(
             int(r.get("size") or 0)
             for kind in ("pause", "snapshot")
@@ -493,6 +501,7 @@ class SandboxManager:
     ) -> list[ManagedSandbox | Exception]:
         """``count`` copies of the sandbox as it is now, each a sandbox of its tenant
         (quotas apply to each: a copy over the quota is an error in its place)."""
+        self._room_for_checkpoint(entry)
         copies = entry.sandbox.fork(count)
         lifetime = self._lifetime(timeout, entry.tenant)
         spec = entry.resources
