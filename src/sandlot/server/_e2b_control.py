@@ -400,8 +400,7 @@ def _not_implemented(what: str) -> ApiError:
     return ApiError(
         501,
         "NotImplemented",
-        f"{what} is not implemented by sandlot yet; "
-        "kill the sandbox and create a new one instead",
+        f"{what} is not implemented by sandlot yet; kill the sandbox and create a new one instead",
     )
 
 
