@@ -369,17 +369,20 @@ class LocalCore:
     @classmethod
     def from_snapshot(cls, snapshot_id: str, options: SandboxOptions) -> LocalCore:
         """A new sandbox started from a snapshot (its template, limits and envs)."""
-        record = CheckpointStore().get(snapshot_id)
-        if record is None or record.kind != "snapshot":
-            raise CheckpointError(f"no snapshot {snapshot_id!r} on this machine")
-        return cls._started(cls(options, record=record))
+        return cls._from_record(snapshot_id, "snapshot", "snapshot", options)
 
     @classmethod
     def connect(cls, sandbox_id: str, options: SandboxOptions) -> LocalCore:
         """The paused sandbox ``sandbox_id`` (on this machine), resumed."""
-        record = CheckpointStore().get(sandbox_id)
-        if record is None or record.kind != "pause":
-            raise CheckpointError(f"no paused sandbox {sandbox_id!r} on this machine")
+        return cls._from_record(sandbox_id, "pause", "paused sandbox", options)
+
+    @classmethod
+    def _from_record(
+        cls, checkpoint_id: str, kind: str, what: str, options: SandboxOptions
+    ) -> LocalCore:
+        record = CheckpointStore().get(checkpoint_id)
+        if record is None or record.kind != kind:
+            raise CheckpointError(f"no {what} {checkpoint_id!r} on this machine")
         return cls._started(cls(options, record=record))
 
     @staticmethod

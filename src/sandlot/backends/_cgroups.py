@@ -604,11 +604,16 @@ def sweep_orphans() -> list[str]:
         with contextlib.suppress(OSError):
             names.update(p.name for p in base.iterdir() if p.is_dir())
     for name in sorted(names):
-        parts = name.split(".")
-        if len(parts) != 3 or not parts[0].isdigit():
-            continue
-        if process_start_time(int(parts[0])) == parts[1]:
-            continue  # its owner is alive
-        if SandboxCgroup(h, name).destroy(timeout=2.0):
+        if owner_gone(name) and SandboxCgroup(h, name).destroy(timeout=2.0):
             removed.append(name)
     return removed
+
+
+def owner_gone(name: str) -> bool:
+    """Whether ``name`` (``<owner pid>.<owner start time>.<random>``, how sandlot names
+    what a process leaves on the host: cgroups, restored sandboxes' roots) belongs to a
+    process that is gone. False for a name of another shape: never sandlot's to remove."""
+    parts = name.split(".")
+    if len(parts) != 3 or not parts[0].isdigit():
+        return False
+    return process_start_time(int(parts[0])) != parts[1]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sandlot._exceptions import CheckpointError, IsolationUnavailable
-from sandlot.backends import _checkpoint
+from sandlot.backends import _cgroups, _checkpoint
 from sandlot.backends._checkpoint import DumpPlan, MountPoint, RestorePlan
 from sandlot.backends.bwrap._host import (
     SPAWNER,
@@ -422,13 +422,9 @@ def sweep_orphan_roots() -> list[str]:
         return []
     removed = []
     for name in sorted(names):
-        parts = name.split(".")
-        if len(parts) != 3 or not parts[0].isdigit():
-            continue
-        if process_start_time(int(parts[0])) == parts[1]:
-            continue  # its owner is alive
-        _checkpoint.release_root(os.path.join(ROOTS_DIR, name))
-        removed.append(name)
+        if _cgroups.owner_gone(name):
+            _checkpoint.release_root(os.path.join(ROOTS_DIR, name))
+            removed.append(name)
     return removed
 
 
