@@ -284,6 +284,8 @@ class Cell:
         self.finish_lock = threading.Lock()
         self.timed_out = False
         self.interrupted = False
+        self.error_sent = False
+        """The cell's error event went to the host (a cell that ends in error sends one)."""
         self.pending_exit: Optional[Tuple[Any, Any]] = None
         self.timeout = 0.0
         self.deadline = 0.0
@@ -520,14 +522,18 @@ class KernelProcess:
         elif kind == "error":
             if cell.timed_out and message.get("name") == "KeyboardInterrupt":
                 message = self.timeout_error(cell, restarted=False)
+            cell.error_sent = True
             self.supervisor.send(message)
         elif kind == "exit":
             self.drain_pipes(open_pipes)
             status = message.get("status")
-            if cell.timed_out and status == "ok":
+            if cell.timed_out and (status == "ok" or not cell.error_sent):
                 # The timeout killed what the cell was waiting for (a shell command,
                 # a subprocess) and the cell then ran to its end before the interrupt
-                # reached it: it still did not finish in time, and its output is cut.
+                # reached it, or the interrupt landed where the kernel could not report
+                # it (inside a write of a flood of output): it still did not finish in
+                # time, and says so.
+                cell.error_sent = True
                 self.supervisor.send(self.timeout_error(cell, restarted=False))
             if cell.timed_out and status in ("interrupted", "error", "ok"):
                 status = "timeout"
