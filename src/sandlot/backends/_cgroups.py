@@ -290,7 +290,7 @@ class SandboxCgroup:
     @classmethod
     def create(cls, resources: Resources) -> SandboxCgroup:
         h = host()
-        name = f"{os.getpid()}.{process_start_time(os.getpid())}.{secrets.token_hex(4)}"
+        name = owner_name(4)
         group = cls(h, name)
         try:
             group._make(plan(resources, h.version, swap_files=h.swap_accounting))
@@ -607,6 +607,13 @@ def sweep_orphans() -> list[str]:
         if owner_gone(name) and SandboxCgroup(h, name).destroy(timeout=2.0):
             removed.append(name)
     return removed
+
+
+def owner_name(random_bytes: int) -> str:
+    """``<this process's pid>.<its start time>.<random hex>``: how sandlot names what a
+    process leaves on the host, so that :func:`owner_gone` can tell once it is gone."""
+    pid = os.getpid()
+    return f"{pid}.{process_start_time(pid)}.{secrets.token_hex(random_bytes)}"
 
 
 def owner_gone(name: str) -> bool:

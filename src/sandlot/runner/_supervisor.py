@@ -170,7 +170,7 @@ class Supervisor:
 
     def serve(self) -> None:
         reader = self.reader
-        self.send({"type": "ready", "version": PROTOCOL_VERSION, "python": sys.version.split()[0]})
+        self.send(ready_message())
         while True:
             line = reader.readline()
             if not line:
@@ -239,16 +239,12 @@ class Supervisor:
             line = self.reader.readline()
             if not line:
                 return False
-            try:
-                request = decode(line, HOST_REQUESTS)
-            except ProtocolViolation as exc:
-                sys.stderr.write("sandlot runner: bad request after restore: %s\n" % exc)
+            resumed = expect(
+                line, "resumed", "bad request after restore", "expected resumed after a checkpoint"
+            )
+            if resumed is None:
                 return False
-            if request["type"] != "resumed":
-                sys.stderr.write("sandlot runner: expected resumed after a checkpoint\n")
-                return False
-            ready = {"type": "ready", "version": PROTOCOL_VERSION, "python": sys.version.split()[0]}
-            self.sock.sendall(encode(ready))
+            self.sock.sendall(encode(ready_message()))
         return True
 
     def start_cell(self, request: Dict[str, Any], line: bytes) -> Optional[Callable[[], None]]:
@@ -751,16 +747,32 @@ def fatal(sock: "socket.socket | StdioChannel", reason: str, message: str) -> No
 
 def read_configuration(reader: Any) -> Optional[Dict[str, Any]]:
     """The host's first message, ``configure``; None (reason on stderr) if it is not."""
-    try:
-        first = decode(reader.readline(), HOST_REQUESTS)
-    except ProtocolViolation as exc:
-        sys.stderr.write("sandlot runner: bad configuration: %s\n" % exc)
-        return None
-    if first["type"] != "configure":
-        sys.stderr.write("sandlot runner: expected a configure message first\n")
+    first = expect(
+        reader.readline(), "configure", "bad configuration", "expected a configure message first"
+    )
+    if first is None:
         return None
     config: Dict[str, Any] = first["config"]
     return config
+
+
+def expect(line: bytes, kind: str, bad: str, other: str) -> Optional[Dict[str, Any]]:
+    """``line`` as a host request of type ``kind``; None, saying ``bad`` (with why) or
+    ``other`` on stderr, if it is not one."""
+    try:
+        message = decode(line, HOST_REQUESTS)
+    except ProtocolViolation as exc:
+        sys.stderr.write("sandlot runner: %s: %s\n" % (bad, exc))
+        return None
+    if message["type"] != kind:
+        sys.stderr.write("sandlot runner: %s\n" % other)
+        return None
+    return message
+
+
+def ready_message() -> Dict[str, Any]:
+    """What the runner says when it takes requests: at start, and once restored."""
+    return {"type": "ready", "version": PROTOCOL_VERSION, "python": sys.version.split()[0]}
 
 
 def run(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import secrets
@@ -44,7 +45,6 @@ from sandlot.backends.bwrap._host import (
     host_ids,
 )
 from sandlot.backends.bwrap._quotas import RLIMIT_BY_NAME, shares
-from sandlot.backends.host import process_start_time
 from sandlot.policy import SandboxSpec
 from sandlot.protocol import encode
 
@@ -137,6 +137,17 @@ def checkpointable_ids() -> tuple[IdGroup, int]:
     sandbox's share of root's quotas as its limits (its descriptor, for ``bwrap
     --userns``; the caller closes it)."""
     _criu()
+    group = _three_host_ids()
+    try:
+        return group, _checkpoint.make_userns(group.maps(), quota_share()[0])
+    except BaseException:
+        group.release()
+        raise
+
+
+def _three_host_ids() -> IdGroup:
+    """Three host id pairs of a checkpointable sandbox's own (for its uid/gid 0, 1 and
+    its user); all or none are held."""
     held: list[Any] = []
     try:
         for _ in range(3):
@@ -144,12 +155,11 @@ def checkpointable_ids() -> tuple[IdGroup, int]:
             if one is None:  # not root: _criu() refused already
                 raise IsolationUnavailable("no host ids for a checkpointable sandbox")
             held.append(one)
-        group = IdGroup(held)
-        return group, _checkpoint.make_userns(group.maps(), quota_share()[0])
     except BaseException:
         for one in held:
             one.release()
         raise
+    return IdGroup(held)
 
 
 def _pid1(handle: BwrapHandle) -> int:
@@ -315,13 +325,7 @@ def restore(source: str, spec: SandboxSpec) -> BwrapHandle:
         raise CheckpointError(f"{source} is not a checkpoint this sandlot can restore")
     mounts = tuple(MountPoint(*m) for m in meta["mounts"])
     with contextlib.ExitStack() as cleanup:
-        held: list[Any] = []
-        for _ in range(3):
-            one = host_ids()
-            if one is None:
-                raise CheckpointError("restoring needs host ids (run sandlot as root)")
-            held.append(one)
-        ids = IdGroup(held)
+        ids = _three_host_ids()
         failed = cleanup.enter_context(contextlib.ExitStack())
         failed.callback(ids.release)
         group = cgroup_for(spec)
@@ -330,10 +334,7 @@ def restore(source: str, spec: SandboxSpec) -> BwrapHandle:
             failed.callback(group.destroy)
         os.makedirs(ROOTS_DIR, mode=0o700, exist_ok=True)
         _sweep_roots_once()
-        owner = os.getpid()
-        root = os.path.join(
-            ROOTS_DIR, f"{owner}.{process_start_time(owner)}.{secrets.token_hex(8)}"
-        )
+        root = os.path.join(ROOTS_DIR, _cgroups.owner_name(8))
         _checkpoint.build_root(mounts, root)
         _checkpoint.read_only_root(root)
         failed.callback(_checkpoint.release_root, root)
@@ -428,15 +429,11 @@ def sweep_orphan_roots() -> list[str]:
     return removed
 
 
-_ROOTS_SWEPT = False
-
-
+@functools.cache
 def _sweep_roots_once() -> None:
-    global _ROOTS_SWEPT
-    if not _ROOTS_SWEPT:
-        _ROOTS_SWEPT = True
-        with contextlib.suppress(OSError):
-            sweep_orphan_roots()
+    """:func:`sweep_orphan_roots`, at a process's first restore only."""
+    with contextlib.suppress(OSError):
+        sweep_orphan_roots()
 
 
 def checkpointer(info: CheckpointInfo) -> Callable[[BwrapHandle, str], None]:
