@@ -516,12 +516,13 @@ def control_router(status_table: tuple[tuple[type[Exception], int], ...]) -> API
             and (template is None or template in (e.template, _template_of(registry, e)))
         ]
         if "paused" in states:
-            items += [
-                (float(r.get("created_at") or 0), str(r.get("id")), _paused(r))
-                for r in manager.checkpoints_of(principal, "pause")
-                if all((r.get("metadata") or {}).get(k) == v for k, v in wanted.items())
-                and (template is None or template in (r.get("template"), _paused(r)["templateID"]))
-            ]
+            for r in manager.checkpoints_of(principal, "pause"):
+                listed = _paused(r)
+                labels = r.get("metadata") or {}
+                if all(labels.get(k) == v for k, v in wanted.items()) and (
+                    template is None or template in (r.get("template"), listed["templateID"])
+                ):
+                    items.append((float(r.get("created_at") or 0), str(r.get("id")), listed))
         # At the microsecond precision of the start time E2B's API reports.
         items = [i for i in items if after_us is None or _micros(i[0]) >= after_us]
         reverse = order != "asc"  # newest first unless asked otherwise
